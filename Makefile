@@ -1,0 +1,41 @@
+# Interlock: one command surface for people, hooks and CI.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test lint format typecheck bench check schemas clean
+
+help: ## show this help
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install Interlock with its dev tools
+
+demo: $(STAMP) ## run the banking agent end to end, no server needed
+	$(BIN)/interlock demo $(ARGS)
+
+test: $(STAMP) ## run the whole test suite (real Redis, PostgreSQL and workers)
+	$(BIN)/pytest $(ARGS)
+
+lint: $(STAMP) ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP) ## apply ruff format and autofixes
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: $(STAMP) ## mypy strict on the packages
+	$(BIN)/mypy
+
+check: lint typecheck test ## lint, typecheck and test
+
+clean: ## remove the venv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,0 +1,91 @@
+"""Interlock: agents that pause mid-turn for a human and resume where they stopped."""
+
+from schemas import (
+    AgentChunk,
+    AgentInput,
+    AgentOutput,
+    FinishReason,
+    Message,
+    ModelChunk,
+    ModelRequest,
+    ModelResponse,
+    Part,
+    Snapshot,
+    SnapshotStatus,
+    Status,
+    ToolDefinition,
+    ToolRequest,
+    ToolResponse,
+    ToolResume,
+    TurnEnd,
+)
+
+from .agent import Agent
+from .connection import Connection
+from .context import ToolContext
+from .errors import (
+    InterlockError,
+    ResumeValidationError,
+    SnapshotNotFoundError,
+    StatusError,
+    ToolFailedError,
+    ToolNotFoundError,
+    error_from_info,
+    status_of,
+)
+from .interrupts import ToolInterrupt, interrupt, interrupt_as, respond, restart
+from .middleware import Middleware, ToolApproval, approve, deny, tool_approval
+from .models import FunctionModel, Model, scripted
+from .registry import Interlock
+from .stores import InMemorySessionStore, SessionStore, SqlSessionStore
+from .tools import InterruptibleTool, Tool
+
+__all__ = [
+    "Agent",
+    "AgentChunk",
+    "AgentInput",
+    "AgentOutput",
+    "Connection",
+    "FinishReason",
+    "FunctionModel",
+    "InMemorySessionStore",
+    "Interlock",
+    "InterlockError",
+    "InterruptibleTool",
+    "Message",
+    "Middleware",
+    "Model",
+    "ModelChunk",
+    "ModelRequest",
+    "ModelResponse",
+    "Part",
+    "ResumeValidationError",
+    "SessionStore",
+    "Snapshot",
+    "SnapshotNotFoundError",
+    "SnapshotStatus",
+    "SqlSessionStore",
+    "Status",
+    "StatusError",
+    "Tool",
+    "ToolApproval",
+    "ToolContext",
+    "ToolDefinition",
+    "ToolFailedError",
+    "ToolInterrupt",
+    "ToolNotFoundError",
+    "ToolRequest",
+    "ToolResponse",
+    "ToolResume",
+    "TurnEnd",
+    "approve",
+    "deny",
+    "error_from_info",
+    "interrupt",
+    "interrupt_as",
+    "respond",
+    "restart",
+    "scripted",
+    "status_of",
+    "tool_approval",
+]

@@ -1,0 +1,35 @@
+"""JSON helpers: turning values into JSON, and comparing JSON as values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
+
+__all__ = ["normalize", "same_json", "to_json_value"]
+
+
+def to_json_value(value: Any) -> Any:
+    """A JSON value (dicts, lists, str, numbers, bools, None) for any pydantic-able value."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    return to_jsonable_python(value, by_alias=True)
+
+
+def normalize(value: Any) -> Any:
+    """A canonical form: key order ignored, 5 == 5.0, but true != 1."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return ("n", float(value))
+    if isinstance(value, dict):
+        return {str(k): normalize(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [normalize(v) for v in value]
+    return normalize(to_json_value(value))
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """True when `a` and `b` are the same JSON value."""
+    return bool(normalize(to_json_value(a)) == normalize(to_json_value(b)))

@@ -1,0 +1,322 @@
+"""Agents: run a turn, keep its snapshot, resume it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from schemas import (
+    AgentChunk,
+    AgentInput,
+    AgentOutput,
+    FinishReason,
+    Message,
+    Part,
+    Snapshot,
+    SnapshotStatus,
+    Status,
+    ToolResume,
+    TurnEnd,
+    utcnow,
+)
+
+from .errors import ResumeValidationError, SnapshotNotFoundError, StatusError
+from .middleware import Middleware
+from .resume import Answer, check_resumable, pending_interrupts, plan_resume
+from .stores.base import SessionStore
+from .tools import Tool
+from .turn import Turn, TurnResult
+
+if TYPE_CHECKING:
+    from .connection import Connection
+    from .registry import Interlock
+
+__all__ = ["Agent", "as_input"]
+
+Emit = Callable[[AgentChunk], None]
+
+
+@dataclass
+class _Base:
+    """Where a turn starts: the session, and the snapshot it continues (if any)."""
+
+    session_id: str
+    snapshot: Snapshot | None
+    from_state: bool = False
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def as_input(value: AgentInput | Message | ToolResume | str | None) -> AgentInput:
+    if isinstance(value, AgentInput):
+        return value
+    if isinstance(value, Message):
+        return AgentInput(message=value)
+    if isinstance(value, ToolResume):
+        return AgentInput(resume=value)
+    if isinstance(value, str):
+        return AgentInput(message=Message(role="user", content=[Part(text=value)]))
+    raise StatusError(Status.INVALID_ARGUMENT, "an agent input needs a message or a resume")
+
+
+@dataclass(frozen=True)
+class Agent:
+    """An agent of a registry. Build it with `Interlock.define_agent`."""
+
+    name: str
+    registry: Interlock
+    model: str
+    system: str | None = None
+    tools: tuple[Tool[Any, Any], ...] = ()
+    middleware: tuple[Middleware, ...] = ()
+    store: SessionStore | None = None
+    max_turns: int = 10
+    config: Mapping[str, Any] | None = None
+
+    @property
+    def tool_map(self) -> dict[str, Tool[Any, Any]]:
+        return {t.name: t for t in self.tools}
+
+    def with_store(self, store: SessionStore | None) -> Agent:
+        """The same agent keeping its sessions in `store`."""
+        return replace(self, store=store)
+
+    # -- public API -------------------------------------------------------------------
+
+    def run_text(self, text: str, **kwargs: Any) -> AgentOutput:
+        """Run one turn with a user message of `text`."""
+        return self.run(text, **kwargs)
+
+    def run(
+        self,
+        input: AgentInput | Message | ToolResume | str | None = None,
+        *,
+        session_id: str | None = None,
+        snapshot_id: str | None = None,
+        state: str | None = None,
+        claimed_by: str | None = None,
+        turn_id: str | None = None,
+        on_chunk: Emit | None = None,
+    ) -> AgentOutput:
+        """Run one turn: a new message, or a resume of the paused turn.
+
+        With a store, address the session by `session_id` or `snapshot_id`; without one,
+        pass the `state` of the last output. `claimed_by` runs a resume whose snapshot
+        the caller already claimed with that id."""
+        agent_input = as_input(input)
+        base = self._base(session_id, snapshot_id, state)
+        answers: Mapping[str, Answer] | None = None
+        claim: str | None = None
+        if agent_input.resume is not None:
+            answers = self._plan(agent_input.resume, base, claimed_by)
+            claim = self._claim(base, claimed_by)
+        else:
+            self._check_not_paused(base)
+        turn = Turn(
+            agent=self.name,
+            model=self.registry.lookup_model(self.model),
+            system=self.system,
+            tools=self.tool_map,
+            middleware=self.middleware,
+            max_turns=self.max_turns,
+            history=base.snapshot.messages if base.snapshot else [],
+            session_id=base.session_id,
+            turn_id=turn_id or _new_id(),
+            emit=on_chunk,
+            config=dict(self.config) if self.config else None,
+        )
+        try:
+            if answers is not None:
+                result = turn.resume(answers)
+            else:
+                assert agent_input.message is not None
+                result = turn.start(agent_input.message)
+        except Exception as exc:
+            self._record_failure(base, turn, exc, claim)
+            raise
+        return self._finish(base, turn, result, on_chunk)
+
+    def validate_resume(
+        self,
+        input: AgentInput | ToolResume,
+        *,
+        session_id: str | None = None,
+        snapshot_id: str | None = None,
+        state: str | None = None,
+        claimed_by: str | None = None,
+    ) -> None:
+        """Every check of a resume up to the claim. Writes nothing; raises on the first
+        rule broken (`ResumeValidationError` and the like)."""
+        agent_input = as_input(input)
+        if agent_input.resume is None:
+            raise ResumeValidationError(Status.INVALID_ARGUMENT, "input is not a resume")
+        self._plan(agent_input.resume, self._base(session_id, snapshot_id, state), claimed_by)
+
+    def connect(
+        self,
+        *,
+        session_id: str | None = None,
+        snapshot_id: str | None = None,
+        state: str | None = None,
+    ) -> Connection:
+        """A connection that holds the session across turns."""
+        from .connection import Connection
+
+        return Connection(self, session_id=session_id, snapshot_id=snapshot_id, state=state)
+
+    # -- steps ------------------------------------------------------------------------
+
+    def _base(self, session_id: str | None, snapshot_id: str | None, state: str | None) -> _Base:
+        if self.store is None:
+            if session_id is not None or snapshot_id is not None:
+                raise StatusError(
+                    Status.FAILED_PRECONDITION,
+                    f"agent {self.name!r} has no session store: pass the state of the last "
+                    "output (state=...), not a session or snapshot id",
+                )
+            if state is None:
+                return _Base(_new_id(), None)
+            snapshot = self.registry.state_codec.decode(state)
+            if snapshot.agent != self.name:
+                raise StatusError(
+                    Status.PERMISSION_DENIED,
+                    f"state belongs to agent {snapshot.agent!r}, not {self.name!r}",
+                )
+            return _Base(snapshot.session_id, snapshot, from_state=True)
+        if state is not None:
+            raise StatusError(
+                Status.FAILED_PRECONDITION,
+                f"agent {self.name!r} keeps its sessions in a store: pass session_id or "
+                "snapshot_id, not state",
+            )
+        if snapshot_id is not None:
+            found = self.store.get_snapshot(snapshot_id)
+            if found is None:
+                raise SnapshotNotFoundError(f"snapshot {snapshot_id} not found")
+            snapshot = found
+            if session_id is not None and snapshot.session_id != session_id:
+                raise StatusError(
+                    Status.INVALID_ARGUMENT,
+                    f"snapshot {snapshot_id} belongs to another session than {session_id}",
+                )
+            if snapshot.agent != self.name:
+                raise StatusError(
+                    Status.INVALID_ARGUMENT,
+                    f"snapshot {snapshot_id} belongs to agent {snapshot.agent!r}, "
+                    f"not {self.name!r}",
+                )
+            return _Base(snapshot.session_id, snapshot)
+        if session_id is not None:
+            latest = self.store.list_snapshots(
+                session_id=session_id, status=SnapshotStatus.COMPLETED, limit=1
+            )
+            return _Base(session_id, latest[0] if latest else None)
+        return _Base(_new_id(), None)
+
+    def _plan(
+        self, resume: ToolResume, base: _Base, claimed_by: str | None
+    ) -> Mapping[str, Answer]:
+        if base.snapshot is None:
+            raise ResumeValidationError(
+                Status.FAILED_PRECONDITION,
+                f"session {base.session_id} has no paused turn to resume"
+                if self.store is not None
+                else "a resume needs the paused turn: pass the state of the interrupted output",
+            )
+        check_resumable(base.snapshot, claimed_by)
+        return plan_resume(base.snapshot.messages, resume, self.tool_map, self.middleware)
+
+    def _claim(self, base: _Base, claimed_by: str | None) -> str | None:
+        if self.store is None or base.snapshot is None:
+            return None
+        by = claimed_by or _new_id()
+        if not self.store.claim(base.snapshot.snapshot_id, by):
+            raise ResumeValidationError(
+                Status.FAILED_PRECONDITION,
+                f"snapshot {base.snapshot.snapshot_id} was already resumed",
+            )
+        return by
+
+    def _check_not_paused(self, base: _Base) -> None:
+        snap = base.snapshot
+        if snap is None or not snap.is_interrupted or snap.status != SnapshotStatus.COMPLETED:
+            return
+        if snap.resumed_by is not None and not base.from_state:
+            return  # answered; its resume is under way
+        waiting = ", ".join(
+            f"{p.tool_request.name} (ref {p.tool_request.ref})"
+            for p in pending_interrupts(snap.messages)
+            if p.tool_request is not None
+        )
+        raise StatusError(
+            Status.FAILED_PRECONDITION,
+            f"session {base.session_id} is paused: answer the pending interrupts first ({waiting})",
+        )
+
+    def _snapshot(
+        self, base: _Base, turn: Turn, status: SnapshotStatus, reason: FinishReason
+    ) -> Snapshot:
+        inherited = turn.inherited if base.snapshot is not None else 0
+        now = utcnow()
+        return Snapshot(
+            snapshot_id=_new_id(),
+            session_id=base.session_id,
+            parent_id=base.snapshot.snapshot_id if base.snapshot else None,
+            agent=self.name,
+            status=status,
+            finish_reason=reason,
+            messages=list(turn.messages),
+            created_at=now,
+            updated_at=now,
+            inherited=max(0, min(inherited, len(turn.messages))),
+            turn_id=turn.turn_id,
+        )
+
+    def _finish(
+        self, base: _Base, turn: Turn, result: TurnResult, on_chunk: Emit | None
+    ) -> AgentOutput:
+        snapshot = self._snapshot(base, turn, SnapshotStatus.COMPLETED, result.finish_reason)
+        out = AgentOutput(
+            finish_reason=result.finish_reason,
+            message=result.message,
+            session_id=base.session_id,
+        )
+        if self.store is not None:
+            self.store.save_snapshot(snapshot)
+            out.snapshot_id = snapshot.snapshot_id
+        else:
+            out.state = self.registry.state_codec.encode(snapshot)
+        if on_chunk is not None:
+            on_chunk(
+                AgentChunk(
+                    turn_end=TurnEnd(
+                        finish_reason=result.finish_reason, snapshot_id=out.snapshot_id
+                    )
+                )
+            )
+        return out
+
+    def _record_failure(self, base: _Base, turn: Turn, exc: Exception, claim: str | None) -> None:
+        """Keep a failed (or aborted) snapshot for inspection; release the claim."""
+        if self.store is None:
+            return
+        aborted = isinstance(exc, StatusError) and exc.status == Status.ABORTED
+        snapshot = self._snapshot(
+            base,
+            turn,
+            SnapshotStatus.ABORTED if aborted else SnapshotStatus.FAILED,
+            FinishReason.ABORTED if aborted else FinishReason.FAILED,
+        )
+        error = exc if isinstance(exc, StatusError) else None
+        snapshot.error = (
+            error.to_info()
+            if error is not None
+            else StatusError(Status.UNKNOWN, str(exc) or type(exc).__name__).to_info()
+        )
+        self.store.save_snapshot(snapshot)
+        if claim is not None and base.snapshot is not None:
+            self.store.release(base.snapshot.snapshot_id, claim)

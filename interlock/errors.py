@@ -1,0 +1,110 @@
+"""The error tree: every error Interlock raises is an `InterlockError`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas import ErrorInfo, Status
+
+__all__ = [
+    "InterlockError",
+    "ResumeValidationError",
+    "SnapshotNotFoundError",
+    "StatusError",
+    "ToolFailedError",
+    "ToolNotFoundError",
+    "error_from_info",
+    "status_of",
+]
+
+
+class InterlockError(Exception):
+    """Root of every error Interlock raises."""
+
+
+class StatusError(InterlockError):
+    """An error with a canonical status. Crosses queues as `{"status", "message"}`."""
+
+    default_status = Status.UNKNOWN
+
+    def __init__(self, status: Status | str | None = None, message: str = "") -> None:
+        self.status = Status(status) if status is not None else self.default_status
+        self.message = message
+        super().__init__(f"{self.status.value}: {message}" if message else self.status.value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.status.value, self.message, self._extra()))
+
+    def _extra(self) -> dict[str, Any]:
+        return {}
+
+    def to_info(self) -> ErrorInfo:
+        return ErrorInfo(status=self.status, message=self.message)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status.value, "message": self.message}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StatusError:
+        info = ErrorInfo.model_validate(data)
+        return cls(info.status, info.message)
+
+
+def _rebuild(
+    cls: type[StatusError], status: str, message: str, extra: dict[str, Any]
+) -> StatusError:
+    err = cls.__new__(cls)
+    StatusError.__init__(err, status, message)
+    err.__dict__.update(extra)
+    return err
+
+
+class ToolFailedError(StatusError):
+    """A tool raised: the turn fails. The tool's exception is the `__cause__`."""
+
+    default_status = Status.INTERNAL
+
+    def __init__(self, tool_name: str, message: str = "", status: Status | None = None) -> None:
+        self.tool_name = tool_name
+        super().__init__(status or Status.INTERNAL, message or f"tool {tool_name!r} failed")
+
+    def _extra(self) -> dict[str, Any]:
+        return {"tool_name": self.tool_name}
+
+
+class ResumeValidationError(StatusError):
+    """A resume that does not match the paused turn. Nothing ran, nothing was written."""
+
+    default_status = Status.INVALID_ARGUMENT
+
+
+class SnapshotNotFoundError(StatusError):
+    default_status = Status.NOT_FOUND
+
+    def __init__(self, message: str = "snapshot not found") -> None:
+        super().__init__(Status.NOT_FOUND, message)
+
+
+class ToolNotFoundError(StatusError):
+    default_status = Status.NOT_FOUND
+
+    def __init__(self, message: str = "tool not found") -> None:
+        super().__init__(Status.NOT_FOUND, message)
+
+
+def status_of(exc: BaseException | None) -> Status:
+    """The status of the innermost `StatusError` on the `__cause__` chain, else UNKNOWN."""
+    found = Status.UNKNOWN
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, StatusError):
+            found = exc.status
+        exc = exc.__cause__
+    return found
+
+
+def error_from_info(info: ErrorInfo | dict[str, Any]) -> StatusError:
+    """Rebuild an error that crossed a queue as `{"status", "message"}`."""
+    info = info if isinstance(info, ErrorInfo) else ErrorInfo.model_validate(info)
+    return StatusError(info.status, info.message)

@@ -1,0 +1,75 @@
+"""Interrupts: a tool pauses the turn; the caller answers with respond or restart parts."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from schemas import Part, Status, ToolRequest, ToolResponse
+
+from ._json import to_json_value
+from .errors import StatusError
+
+__all__ = ["ToolInterrupt", "interrupt", "interrupt_as", "respond", "restart"]
+
+T = TypeVar("T")
+
+
+class ToolInterrupt(BaseException):
+    """Raised by `interrupt()`. A `BaseException`, so `except Exception` cannot swallow it."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__("tool interrupted")
+        self.data = data
+
+
+def interrupt(data: BaseModel | dict[str, Any]) -> Any:
+    """Pause the turn, surfacing `data` (a JSON object) to the caller. Never returns."""
+    value = to_json_value(data) if isinstance(data, BaseModel | dict) else None
+    if not isinstance(value, dict):
+        raise StatusError(Status.INVALID_ARGUMENT, "interrupt data must serialize to a JSON object")
+    raise ToolInterrupt(value)
+
+
+def interrupt_as(part: Part, type_: type[T] | Any) -> T | None:
+    """The typed payload of an interrupt part, or None when `part` is no interrupt
+    or its payload does not validate as `type_`."""
+    if not part.is_interrupt():
+        return None
+    try:
+        result: T = TypeAdapter(type_).validate_python(part.meta("interrupt"))
+    except ValidationError:
+        return None
+    return result
+
+
+def _request_of(part: Part, what: str) -> ToolRequest:
+    if part.tool_request is None:
+        raise StatusError(
+            Status.INVALID_ARGUMENT, f"{what} needs the interrupted tool-request part"
+        )
+    return part.tool_request
+
+
+def respond(part: Part, output: Any, metadata: dict[str, Any] | None = None) -> Part:
+    """A tool-response part that answers the interrupt `part` with `output`."""
+    req = _request_of(part, "respond")
+    meta = {**(metadata or {}), "interruptResponse": True}
+    return Part(
+        tool_response=ToolResponse(name=req.name, ref=req.ref, output=to_json_value(output)),
+        metadata=meta,
+    )
+
+
+def restart(part: Part, resumed: Any = None) -> Part:
+    """A tool-request part that re-runs the interrupted tool, with `resumed` as its
+    resume data (`True` when there is none)."""
+    req = _request_of(part, "restart")
+    data = to_json_value(resumed) if resumed is not None else True
+    if not (data is True or isinstance(data, dict)):
+        raise StatusError(Status.INVALID_ARGUMENT, "resume data must serialize to a JSON object")
+    return Part(
+        tool_request=ToolRequest(name=req.name, ref=req.ref, input=req.input),
+        metadata={"resumed": data},
+    )

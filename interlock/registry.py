@@ -1,0 +1,202 @@
+"""The registry: tools, models and agents, by name."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, overload
+
+from schemas import Status
+
+from .agent import Agent
+from .errors import StatusError, ToolNotFoundError
+from .middleware import Middleware
+from .models.base import FunctionModel, Model
+from .state import StateCodec
+from .stores.base import SessionStore
+from .tools import InterruptibleTool, Tool
+
+__all__ = ["Interlock", "ModelProvider"]
+
+log = logging.getLogger("interlock")
+
+ModelProvider = Callable[[str], Model]
+"""Builds the model `provider/<name>` from `<name>`."""
+
+
+class Interlock:
+    """Holds an application's tools, models and agents.
+
+    `secret` signs client-managed states; it defaults to `INTERLOCK_SECRET`, else a
+    random secret per process (states then do not survive a restart)."""
+
+    def __init__(self, secret: str | bytes | None = None) -> None:
+        self.tools: dict[str, Tool[Any, Any]] = {}
+        self.models: dict[str, Model] = {}
+        self.agents: dict[str, Agent] = {}
+        self.providers: dict[str, ModelProvider] = {}
+        self._secret = secret
+        self._codec: StateCodec | None = None
+
+    # -- tools ------------------------------------------------------------------------
+
+    def define_tool(self, name: str, description: str, fn: Callable[..., Any]) -> Tool[Any, Any]:
+        """Register an ordinary tool `fn(input) -> output`."""
+        return self._add_tool(Tool(name, description, fn))
+
+    def define_interruptible_tool(
+        self, name: str, description: str, fn: Callable[..., Any]
+    ) -> InterruptibleTool[Any, Any, Any]:
+        """Register a tool `fn(input, resume) -> output` that may call `interrupt()`."""
+        tool: InterruptibleTool[Any, Any, Any] = InterruptibleTool(name, description, fn)
+        self._add_tool(tool)
+        return tool
+
+    @overload
+    def tool(self, fn: Callable[..., Any], /) -> Tool[Any, Any]: ...
+    @overload
+    def tool(
+        self, fn: None = None, /, *, name: str | None = None, description: str | None = None
+    ) -> Callable[[Callable[..., Any]], Tool[Any, Any]]: ...
+    def tool(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> Tool[Any, Any] | Callable[[Callable[..., Any]], Tool[Any, Any]]:
+        """Decorator form of `define_tool` (`@ai.tool` or `@ai.tool(name=...)`); returns
+        the tool object. Name and description default to the function's."""
+
+        def register(f: Callable[..., Any]) -> Tool[Any, Any]:
+            return self.define_tool(name or f.__name__, description or (f.__doc__ or ""), f)
+
+        return register(fn) if fn is not None else register
+
+    @overload
+    def interruptible_tool(self, fn: Callable[..., Any], /) -> InterruptibleTool[Any, Any, Any]: ...
+    @overload
+    def interruptible_tool(
+        self, fn: None = None, /, *, name: str | None = None, description: str | None = None
+    ) -> Callable[[Callable[..., Any]], InterruptibleTool[Any, Any, Any]]: ...
+    def interruptible_tool(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> (
+        InterruptibleTool[Any, Any, Any]
+        | Callable[[Callable[..., Any]], InterruptibleTool[Any, Any, Any]]
+    ):
+        """Decorator form of `define_interruptible_tool`; returns the tool object."""
+
+        def register(f: Callable[..., Any]) -> InterruptibleTool[Any, Any, Any]:
+            return self.define_interruptible_tool(
+                name or f.__name__, description or (f.__doc__ or ""), f
+            )
+
+        return register(fn) if fn is not None else register
+
+    def _add_tool(self, tool: Tool[Any, Any]) -> Tool[Any, Any]:
+        if tool.name in self.tools:
+            raise StatusError(Status.ALREADY_EXISTS, f"tool {tool.name!r} is already defined")
+        self.tools[tool.name] = tool
+        return tool
+
+    def lookup_tool(self, name: str) -> Tool[Any, Any]:
+        try:
+            return self.tools[name]
+        except KeyError:
+            raise ToolNotFoundError(f"tool {name!r} is not defined") from None
+
+    # -- models -----------------------------------------------------------------------
+
+    def define_model(self, name: str, fn: Callable[..., Any]) -> Model:
+        """Register the model `provider/model` from `fn(request)` (or, streaming,
+        `fn(request, on_chunk)`), returning a `ModelResponse` or a `Message`."""
+        if "/" not in name:
+            raise StatusError(
+                Status.INVALID_ARGUMENT, f"model name {name!r} must read provider/model"
+            )
+        model = FunctionModel(name, fn)
+        self.models[name] = model
+        return model
+
+    def register_provider(self, provider: str, factory: ModelProvider) -> None:
+        """Resolve every `provider/<name>` not defined by hand through `factory(name)`."""
+        self.providers[provider] = factory
+
+    def lookup_model(self, name: str) -> Model:
+        if name in self.models:
+            return self.models[name]
+        provider, _, model = name.partition("/")
+        factory = self.providers.get(provider)
+        if factory is None:
+            raise StatusError(
+                Status.NOT_FOUND,
+                f"model {name!r} is not defined: define it with ai.define_model, or "
+                f"register a provider for {provider!r}",
+            )
+        self.models[name] = factory(model)
+        return self.models[name]
+
+    # -- agents -----------------------------------------------------------------------
+
+    def define_agent(
+        self,
+        name: str,
+        *,
+        model: str,
+        system: str | None = None,
+        tools: Iterable[Tool[Any, Any] | str] = (),
+        middleware: Iterable[Middleware] = (),
+        store: SessionStore | None = None,
+        max_turns: int = 10,
+        config: Mapping[str, Any] | None = None,
+    ) -> Agent:
+        """Define an agent: a model, a system prompt, tools and where sessions live."""
+        if max_turns < 1:
+            raise StatusError(Status.INVALID_ARGUMENT, "max_turns must be at least 1")
+        resolved = tuple(t if isinstance(t, Tool) else self.lookup_tool(t) for t in tools)
+        agent = Agent(
+            name=name,
+            registry=self,
+            model=model,
+            system=system,
+            tools=resolved,
+            middleware=tuple(middleware),
+            store=store,
+            max_turns=max_turns,
+            config=config,
+        )
+        self.agents[name] = agent
+        return agent
+
+    def lookup_agent(self, name: str) -> Agent:
+        try:
+            return self.agents[name]
+        except KeyError:
+            known = ", ".join(sorted(self.agents)) or "none"
+            raise StatusError(
+                Status.NOT_FOUND, f"agent {name!r} is not defined (defined: {known})"
+            ) from None
+
+    # -- client-managed state ---------------------------------------------------------
+
+    @property
+    def state_codec(self) -> StateCodec:
+        if self._codec is None:
+            secret = self._secret or os.environ.get("INTERLOCK_SECRET")
+            if not secret:
+                log.warning(
+                    "no secret set (Interlock(secret=...) or INTERLOCK_SECRET): states are "
+                    "signed with a random per-process secret and will not survive a restart"
+                )
+                secret = secrets.token_bytes(32)
+            self._codec = StateCodec(secret.encode() if isinstance(secret, str) else secret)
+        return self._codec

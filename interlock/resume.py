@@ -1,0 +1,180 @@
+"""Resume validation: every rule is checked before anything runs or is written."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from schemas import FinishReason, Message, Part, Snapshot, SnapshotStatus, Status, ToolResume
+
+from ._json import same_json
+from .errors import ResumeValidationError, StatusError
+from .middleware import Middleware
+from .tools import Tool
+
+__all__ = ["Answer", "check_resumable", "pending_interrupts", "plan_resume"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How one pending interrupt is answered."""
+
+    kind: Literal["respond", "restart"]
+    name: str
+    ref: str
+    part: Part
+    resumed: dict[str, Any] | None = None
+
+
+def _describe(part: Part) -> str:
+    req = part.tool_request
+    assert req is not None
+    return f"{req.name} (ref {req.ref})"
+
+
+def pending_interrupts(messages: Sequence[Message]) -> list[Part]:
+    """The interrupts still waiting in the latest model message."""
+    for message in reversed(messages):
+        if message.role == "model":
+            return message.interrupts
+    return []
+
+
+def check_resumable(snapshot: Snapshot, claimed_by: str | None = None) -> None:
+    """Rule 6: only a completed, interrupted, unclaimed snapshot can be resumed."""
+    sid = snapshot.snapshot_id
+    if snapshot.status != SnapshotStatus.COMPLETED:
+        raise ResumeValidationError(
+            Status.FAILED_PRECONDITION,
+            f"snapshot {sid} is {snapshot.status.value} and cannot be resumed; "
+            "it is kept for inspection",
+        )
+    if snapshot.finish_reason != FinishReason.INTERRUPTED:
+        raise ResumeValidationError(
+            Status.FAILED_PRECONDITION, f"snapshot {sid} is not interrupted: nothing to resume"
+        )
+    if snapshot.resumed_by is not None and snapshot.resumed_by != claimed_by:
+        raise ResumeValidationError(
+            Status.FAILED_PRECONDITION, f"snapshot {sid} was already resumed"
+        )
+
+
+def _invalid(message: str) -> ResumeValidationError:
+    return ResumeValidationError(Status.INVALID_ARGUMENT, message)
+
+
+def _known_refs(messages: Sequence[Message]) -> set[str]:
+    refs: set[str] = set()
+    for message in messages:
+        for part in message.content:
+            for ref in (
+                part.tool_request.ref if part.tool_request else None,
+                part.tool_response.ref if part.tool_response else None,
+            ):
+                if ref is not None:
+                    refs.add(ref)
+    return refs
+
+
+def plan_resume(
+    messages: Sequence[Message],
+    resume: ToolResume,
+    tools: Mapping[str, Tool[Any, Any]],
+    middleware: Sequence[Middleware] = (),
+) -> dict[str, Answer]:
+    """Rules 1-5: match every entry to a pending interrupt. Returns the answers by ref."""
+    if not resume.respond and not resume.restart:
+        raise _invalid("resume answers nothing: give respond or restart parts")
+    pending = {p.tool_request.ref: p for p in pending_interrupts(messages) if p.tool_request}
+    known = _known_refs(messages)
+
+    def match(kind: str, part: Part, name: str, ref: str | None) -> Part:
+        if ref is not None and ref in pending:
+            original = pending[ref]
+            assert original.tool_request is not None
+            if original.tool_request.name != name:
+                raise _invalid(
+                    f"{kind} for ref {ref} names tool {name!r}, but the pending interrupt "
+                    f"is for {original.tool_request.name!r}"
+                )
+            return original
+        if ref is not None and ref in known:
+            raise _invalid(
+                f"{kind} for tool {name!r} ref {ref} is from an earlier turn which is no "
+                "longer pending"
+            )
+        raise _invalid(f"{kind} for tool {name!r} ref {ref} not found in session history")
+
+    answers: dict[str, Answer] = {}
+    for part in resume.respond:
+        res = part.tool_response
+        if res is None or part.meta("interruptResponse") is None:
+            raise _invalid(
+                "respond entries must be tool-response parts built with respond() from the "
+                "interrupt part; a hand-rolled part is rejected"
+            )
+        match("respond", part, res.name, res.ref)
+        assert res.ref is not None
+        if res.ref in answers:
+            raise _invalid(f"respond lists ref {res.ref} twice")
+        _check_output(tools.get(res.name), res.output)
+        answers[res.ref] = Answer("respond", res.name, res.ref, part)
+
+    restarted: set[str] = set()
+    for part in resume.restart:
+        req = part.tool_request
+        if req is None or part.meta("resumed") is None:
+            raise _invalid(
+                "restart entries must be tool-request parts built with resume()/restart() "
+                "from the interrupt part; a hand-rolled part is rejected"
+            )
+        original = match("restart", part, req.name, req.ref)
+        assert req.ref is not None and original.tool_request is not None
+        if req.ref in restarted:
+            raise _invalid(f"restart lists ref {req.ref} twice")
+        restarted.add(req.ref)
+        if not same_json(req.input, original.tool_request.input):
+            raise _invalid(
+                f"restart of tool {req.name!r} ref {req.ref} changed its input; a restart "
+                "must keep the original input"
+            )
+        resumed = part.meta("resumed")
+        data = resumed if isinstance(resumed, dict) else None
+        if resumed is not True and data is None:
+            raise _invalid(f"restart of ref {req.ref}: resume data must be a JSON object")
+        _check_resumed(tools.get(req.name), data, middleware)
+        if req.ref not in answers:  # respond wins over restart for the same ref
+            answers[req.ref] = Answer("restart", req.name, req.ref, part, data)
+
+    missing = [_describe(p) for ref, p in pending.items() if ref not in answers]
+    if missing:
+        raise _invalid(
+            "resume must answer every pending interrupt at once; not answered: "
+            + ", ".join(missing)
+        )
+    return answers
+
+
+def _check_output(tool: Tool[Any, Any] | None, output: Any) -> None:
+    if tool is None or (isinstance(output, dict) and output.get("denied") is True):
+        return
+    try:
+        tool.check_output(output)
+    except StatusError as exc:
+        raise _invalid(exc.message) from exc
+
+
+def _check_resumed(
+    tool: Tool[Any, Any] | None, data: dict[str, Any] | None, middleware: Sequence[Middleware]
+) -> None:
+    if tool is None or not tool.interruptible or data is None:
+        return
+    for mw in middleware:
+        data = mw.strip_resumed(data)
+    if not data:
+        return
+    try:
+        tool.parse_resumed(data)
+    except StatusError as exc:
+        raise _invalid(exc.message) from exc

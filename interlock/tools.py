@@ -1,0 +1,173 @@
+"""Tools: ordinary ones, and interruptible ones that may pause the turn."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
+
+from schemas import Part, Status, ToolDefinition
+
+from ._json import to_json_value
+from .context import ToolContext
+from .errors import StatusError
+from .interrupts import interrupt_as, respond, restart
+
+__all__ = ["InterruptibleTool", "Tool", "brief", "run_sync"]
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+Res = TypeVar("Res")
+T = TypeVar("T")
+
+
+def run_sync(value: Any) -> Any:
+    """Await `value` when it is awaitable, from sync code, with or without a running loop."""
+    if not inspect.isawaitable(value):
+        return value
+
+    async def _await() -> Any:
+        return await value
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_await())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, _await()).result()
+
+
+def brief(exc: ValidationError) -> str:
+    """A one-line account of a pydantic validation error."""
+    return "; ".join(
+        f"{'.'.join(str(x) for x in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+def _strip_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+        return typing.Union[tuple(args)]  # noqa: UP007
+    return tp
+
+
+class Tool(Generic[In, Out]):
+    """A tool the model can call. `fn(input)` (optionally with a `ToolContext` parameter),
+    sync or async. In and Out come from the annotations and are validated with pydantic."""
+
+    interruptible = False
+
+    def __init__(self, name: str, description: str, fn: Callable[..., Any]) -> None:
+        self.name = name
+        self.description = description
+        self.fn = fn
+        hints = typing.get_type_hints(fn)
+        params = list(inspect.signature(fn).parameters.values())
+        self._ctx_param = next((p.name for p in params if hints.get(p.name) is ToolContext), None)
+        positional = [p for p in params if p.name != self._ctx_param]
+        self.input_type: Any = hints.get(positional[0].name, Any) if positional else Any
+        self.resume_type: Any = (
+            _strip_optional(hints.get(positional[1].name, Any)) if len(positional) > 1 else Any
+        )
+        self.output_type: Any = hints.get("return", Any)
+        self._in = TypeAdapter(self.input_type)
+        self._out = TypeAdapter(self.output_type)
+        self._res = TypeAdapter(self.resume_type)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return run_sync(self.fn(*args, **kwargs))
+
+    def definition(self) -> ToolDefinition:
+        return ToolDefinition(
+            name=self.name,
+            description=self.description,
+            input_schema=self._in.json_schema(by_alias=True),
+            output_schema=self._out.json_schema(by_alias=True),
+        )
+
+    # -- validation -------------------------------------------------------------------
+
+    def parse_input(self, value: Any) -> Any:
+        try:
+            return self._in.validate_python(value)
+        except ValidationError as exc:
+            raise StatusError(
+                Status.INVALID_ARGUMENT, f"invalid input for tool {self.name!r}: {brief(exc)}"
+            ) from exc
+
+    def check_output(self, value: Any) -> Any:
+        """`value` validated against Out, as JSON (INVALID_ARGUMENT when it does not fit)."""
+        try:
+            return to_json_value(self._out.validate_python(to_json_value(value)))
+        except ValidationError as exc:
+            raise StatusError(
+                Status.INVALID_ARGUMENT, f"invalid output for tool {self.name!r}: {brief(exc)}"
+            ) from exc
+
+    def parse_resumed(self, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return self._res.validate_python(value)
+        except ValidationError as exc:
+            raise StatusError(
+                Status.INVALID_ARGUMENT, f"invalid resume data for tool {self.name!r}: {brief(exc)}"
+            ) from exc
+
+    # -- running ----------------------------------------------------------------------
+
+    def invoke(self, ctx: ToolContext) -> Any:
+        """Run the tool for one call; returns its output as JSON. May raise ToolInterrupt."""
+        args: list[Any] = [self.parse_input(ctx.input)]
+        if self.interruptible:
+            args.append(self.parse_resumed(ctx.resumed))
+        kwargs = {self._ctx_param: ctx} if self._ctx_param else {}
+        return to_json_value(run_sync(self.fn(*args, **kwargs)))
+
+    # -- building answers to interrupts ----------------------------------------------
+
+    def _own(self, part: Part) -> None:
+        if part.tool_request is None or part.tool_request.name != self.name:
+            got = part.tool_request.name if part.tool_request else "a non-tool part"
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                f"part belongs to {got!r}, not to tool {self.name!r}",
+            )
+
+    def interrupt_as(self, part: Part, type_: type[T] | Any = None) -> T | None:
+        """The payload of `part` when it is an interrupt of this tool (typed as `type_`)."""
+        if part.tool_request is None or part.tool_request.name != self.name:
+            return None
+        return interrupt_as(part, type_ if type_ is not None else dict[str, Any])
+
+    def respond(self, part: Part, output: Any, metadata: dict[str, Any] | None = None) -> Part:
+        """Answer the interrupt with the tool's output, without running the tool."""
+        self._own(part)
+        return respond(part, self.check_output(output), metadata)
+
+    def resume(self, part: Part, resume_data: Any = None) -> Part:
+        """Re-run the tool with `resume_data` delivered as its `res` argument."""
+        self._own(part)
+        if resume_data is not None:
+            self.parse_resumed(to_json_value(resume_data))
+        return restart(part, resume_data)
+
+    restart = resume
+
+
+class InterruptibleTool(Tool[In, Out], Generic[In, Out, Res]):
+    """A tool `fn(input, res)` that may call `interrupt()`; `res` is None on the first
+    call and the resume data on a restart."""
+
+    interruptible = True

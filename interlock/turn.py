@@ -1,0 +1,291 @@
+"""The turn loop: model, tools, interrupts, resumes. Knows nothing of stores or queues."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas import (
+    AgentChunk,
+    FinishReason,
+    Message,
+    ModelChunk,
+    ModelRequest,
+    ModelResponse,
+    Part,
+    Status,
+    ToolResponse,
+)
+
+from .context import ToolContext
+from .errors import InterlockError, StatusError, ToolFailedError, ToolNotFoundError
+from .interrupts import ToolInterrupt
+from .middleware import Middleware
+from .models.base import Model
+from .resume import Answer
+from .tools import Tool
+
+__all__ = ["Turn", "TurnResult"]
+
+Emit = Callable[[AgentChunk], None]
+
+
+@dataclass
+class TurnResult:
+    finish_reason: FinishReason
+    message: Message | None
+    messages: list[Message]
+    inherited: int
+
+
+@dataclass
+class _Outcome:
+    output: Any = None
+    interrupt: dict[str, Any] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class Turn:
+    """One turn of one agent. `messages` holds the history as it grows, so a failed turn
+    can still be recorded as it stood."""
+
+    def __init__(
+        self,
+        *,
+        agent: str,
+        model: Model,
+        system: str | None,
+        tools: Mapping[str, Tool[Any, Any]],
+        middleware: Sequence[Middleware],
+        max_turns: int,
+        history: Sequence[Message],
+        session_id: str,
+        turn_id: str,
+        emit: Emit | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.model = model
+        self.system = system
+        self.tools = tools
+        self.middleware = middleware
+        self.max_turns = max_turns
+        self.messages: list[Message] = list(history)
+        self.inherited = len(self.messages)
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self._emit = emit
+        self.config = config
+
+    # -- entry points -----------------------------------------------------------------
+
+    def start(self, message: Message) -> TurnResult:
+        self.messages.append(message)
+        return self._loop()
+
+    def resume(self, answers: Mapping[str, Answer]) -> TurnResult:
+        """Resolve the pending interrupts of the latest model message with `answers`."""
+        self.inherited = len(self.messages) - 1
+        paused = self.messages[-1]
+        parts: list[Part] = []
+        responses: list[Part] = []
+        repaused = False
+        for part in paused.content:
+            req = part.tool_request
+            if req is None:
+                parts.append(part)
+                continue
+            meta = dict(part.metadata or {})
+            response: Part | None = None
+            if "pendingOutput" in meta:
+                response = _response(req.name, req.ref, meta["pendingOutput"], "pending")
+            elif "interrupt" in meta and req.ref is not None and req.ref in answers:
+                answer = answers[req.ref]
+                meta["resolvedInterrupt"] = meta.pop("interrupt")
+                if answer.kind == "respond":
+                    response = answer.part
+                else:
+                    outcome = self._call(part, meta, resumed=answer.resumed, restarted=True)
+                    meta = outcome.metadata
+                    if outcome.interrupt is not None:
+                        meta["interrupt"] = outcome.interrupt
+                        repaused = True
+                    else:
+                        response = _response(req.name, req.ref, outcome.output, "restart")
+            if response is not None and response.tool_response is not None:
+                responses.append(response)
+                meta["pendingOutput"] = response.tool_response.output  # kept if we re-pause
+            parts.append(part.model_copy(update={"metadata": meta or None}))
+
+        if repaused:
+            return self._pause(parts)
+        resolved = [_without_pending(p) for p in parts]
+        self.messages[-1] = paused.model_copy(update={"content": resolved})
+        self._append_tool_message(responses)
+        return self._loop()
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _loop(self) -> TurnResult:
+        for _ in range(self.max_turns):
+            response = self._generate()
+            message = _with_refs(response.message)
+            self.messages.append(message)
+            requests = [p for p in message.content if p.tool_request is not None]
+            if not requests:
+                return self._finish(response.finish_reason, message)
+            parts: list[Part] = []
+            responses: list[Part] = []
+            paused = False
+            for part in message.content:
+                req = part.tool_request
+                if req is None:
+                    parts.append(part)
+                    continue
+                outcome = self._call(part, dict(part.metadata or {}))
+                meta = outcome.metadata
+                if outcome.interrupt is not None:
+                    meta["interrupt"] = outcome.interrupt
+                    paused = True
+                else:
+                    meta["pendingOutput"] = outcome.output
+                    responses.append(_response(req.name, req.ref, outcome.output))
+                parts.append(part.model_copy(update={"metadata": meta}))
+            if paused:
+                return self._pause(parts)
+            self._append_tool_message(responses)
+        raise StatusError(
+            Status.ABORTED,
+            f"agent {self.agent!r} reached max_turns={self.max_turns} model round-trips "
+            "in one turn",
+        )
+
+    def _pause(self, parts: list[Part]) -> TurnResult:
+        message = self.messages[-1].model_copy(update={"content": parts})
+        self.messages[-1] = message
+        interrupts = [p for p in parts if p.is_interrupt()]
+        self.emit(AgentChunk(model_chunk=ModelChunk(role="tool", content=interrupts)))
+        return self._finish(FinishReason.INTERRUPTED, message)
+
+    def _finish(self, reason: FinishReason, message: Message) -> TurnResult:
+        return TurnResult(reason, message, self.messages, self.inherited)
+
+    def _append_tool_message(self, responses: list[Part]) -> None:
+        if not responses:
+            return
+        self.messages.append(Message(role="tool", content=responses))
+        self.emit(AgentChunk(model_chunk=ModelChunk(role="tool", content=responses)))
+
+    def emit(self, chunk: AgentChunk) -> None:
+        if self._emit is not None:
+            self._emit(chunk)
+
+    # -- model ------------------------------------------------------------------------
+
+    def _generate(self) -> ModelResponse:
+        history = self.messages
+        if self.system:
+            history = [Message(role="system", content=[Part(text=self.system)]), *history]
+        request = ModelRequest(
+            messages=history,
+            tools=[t.definition() for t in self.tools.values()],
+            config=self.config,
+        )
+        streamed = False
+
+        def on_chunk(chunk: ModelChunk) -> None:
+            nonlocal streamed
+            streamed = True
+            self.emit(AgentChunk(model_chunk=chunk))
+
+        try:
+            response = self.model.generate(request, on_chunk)
+        except InterlockError:
+            raise
+        except Exception as exc:
+            raise StatusError(Status.UNKNOWN, f"model {self.model.name!r} failed: {exc}") from exc
+        if not streamed:
+            self.emit(
+                AgentChunk(
+                    model_chunk=ModelChunk(role="model", content=list(response.message.content))
+                )
+            )
+        return response
+
+    # -- tools ------------------------------------------------------------------------
+
+    def _call(
+        self,
+        part: Part,
+        metadata: dict[str, Any],
+        *,
+        resumed: dict[str, Any] | None = None,
+        restarted: bool = False,
+    ) -> _Outcome:
+        req = part.tool_request
+        assert req is not None and req.ref is not None
+        tool = self.tools.get(req.name)
+        if tool is None:
+            raise ToolNotFoundError(
+                f"the model called tool {req.name!r}, which agent {self.agent!r} does not have"
+            )
+        ctx = ToolContext(
+            name=req.name,
+            ref=req.ref,
+            input=req.input,
+            session_id=self.session_id,
+            turn_id=self.turn_id,
+            agent=self.agent,
+            resumed=resumed,
+            restarted=restarted,
+            metadata=metadata,
+        )
+
+        def innermost(c: ToolContext) -> Any:
+            return tool.invoke(c)
+
+        call = innermost
+        for mw in reversed(self.middleware):
+            call = _wrap(mw, tool, call)
+        try:
+            output = call(ctx)
+        except ToolInterrupt as pause:
+            return _Outcome(interrupt=pause.data, metadata=ctx.metadata)
+        except Exception as exc:
+            raise ToolFailedError(req.name, f"tool {req.name!r} failed: {exc}") from exc
+        return _Outcome(output=output, metadata=ctx.metadata)
+
+
+def _wrap(mw: Middleware, tool: Tool[Any, Any], call_next: Callable[[ToolContext], Any]) -> Any:
+    return lambda ctx: mw.wrap_tool(ctx, tool, call_next)
+
+
+def _response(name: str, ref: str | None, output: Any, source: str | None = None) -> Part:
+    return Part(
+        tool_response=ToolResponse(name=name, ref=ref, output=output),
+        metadata={"source": source} if source else None,
+    )
+
+
+def _with_refs(message: Message) -> Message:
+    """Every tool request gets a ref, if the model gave none."""
+    if all(p.tool_request is None or p.tool_request.ref for p in message.content):
+        return message
+    content = [
+        p.model_copy(
+            update={"tool_request": p.tool_request.model_copy(update={"ref": uuid.uuid4().hex})}
+        )
+        if p.tool_request is not None and not p.tool_request.ref
+        else p
+        for p in message.content
+    ]
+    return message.model_copy(update={"content": content})
+
+
+def _without_pending(part: Part) -> Part:
+    if not part.metadata or "pendingOutput" not in part.metadata:
+        return part
+    meta = {k: v for k, v in part.metadata.items() if k != "pendingOutput"}
+    return part.model_copy(update={"metadata": meta or None})

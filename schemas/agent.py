@@ -1,0 +1,98 @@
+"""Agent input, output and stream chunks."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field, model_validator
+
+from ._base import WireModel
+from .parts import Message, Part, Role
+from .status import Status
+
+__all__ = [
+    "AgentChunk",
+    "AgentInput",
+    "AgentOutput",
+    "ErrorInfo",
+    "FinishReason",
+    "ModelChunk",
+    "ToolResume",
+    "TurnEnd",
+]
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    BLOCKED = "blocked"
+    INTERRUPTED = "interrupted"
+    OTHER = "other"
+    UNKNOWN = "unknown"
+    ABORTED = "aborted"
+    FAILED = "failed"
+    EXPIRED = "expired"
+
+
+class ErrorInfo(WireModel):
+    """An error as it crosses a process boundary: `{"status", "message"}`."""
+
+    status: Status
+    message: str
+
+
+class ToolResume(WireModel):
+    """Answers to the pending interrupts: respond parts and restart parts."""
+
+    respond: list[Part] = Field(default_factory=list)
+    restart: list[Part] = Field(default_factory=list)
+
+
+class AgentInput(WireModel):
+    """One turn's input: a new message, or a resume. Exactly one is set."""
+
+    message: Message | None = None
+    resume: ToolResume | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> AgentInput:
+        if (self.message is None) == (self.resume is None):
+            raise ValueError("an agent input holds exactly one of message and resume")
+        return self
+
+
+class AgentOutput(WireModel):
+    finish_reason: FinishReason
+    message: Message | None = None
+    session_id: str | None = None
+    snapshot_id: str | None = None
+    state: str | None = None
+    error: ErrorInfo | None = None
+
+    @property
+    def interrupts(self) -> list[Part]:
+        """The interrupt parts of `message`, the ones waiting for an answer."""
+        return self.message.interrupts if self.message is not None else []
+
+    @property
+    def text(self) -> str:
+        return self.message.text if self.message is not None else ""
+
+
+class ModelChunk(WireModel):
+    role: Role = "model"
+    content: list[Part] = Field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.content if p.text is not None)
+
+
+class TurnEnd(WireModel):
+    finish_reason: FinishReason
+    snapshot_id: str | None = None
+
+
+class AgentChunk(WireModel):
+    model_chunk: ModelChunk | None = None
+    turn_end: TurnEnd | None = None

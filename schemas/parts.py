@@ -1,0 +1,107 @@
+"""Parts and messages, JSON-compatible with Genkit's wire form."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import model_validator
+
+from ._base import WireModel
+
+__all__ = ["Media", "Message", "Part", "Role", "ToolRequest", "ToolResponse"]
+
+Role = Literal["system", "user", "model", "tool"]
+
+_CONTENT_FIELDS = (
+    "text",
+    "data",
+    "media",
+    "tool_request",
+    "tool_response",
+    "reasoning",
+    "custom",
+)
+
+
+class Media(WireModel):
+    url: str
+    content_type: str | None = None
+
+
+class ToolRequest(WireModel):
+    """A model's request to call a tool. `ref` identifies the call."""
+
+    name: str
+    ref: str | None = None
+    input: Any = None
+
+
+class ToolResponse(WireModel):
+    """A tool's answer to the request with the same `ref`."""
+
+    name: str
+    ref: str | None = None
+    output: Any = None
+
+
+class Part(WireModel):
+    """One piece of a message: exactly one content field, plus optional metadata."""
+
+    text: str | None = None
+    data: Any = None
+    media: Media | None = None
+    tool_request: ToolRequest | None = None
+    tool_response: ToolResponse | None = None
+    reasoning: str | None = None
+    custom: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Part:
+        present = [f for f in _CONTENT_FIELDS if getattr(self, f) is not None]
+        if len(present) != 1:
+            raise ValueError(
+                "a part holds exactly one of text, data, media, toolRequest, toolResponse, "
+                f"reasoning, custom; got {len(present)} ({', '.join(present) or 'none'})"
+            )
+        return self
+
+    def is_text(self) -> bool:
+        return self.text is not None
+
+    def is_tool_request(self) -> bool:
+        return self.tool_request is not None
+
+    def is_tool_response(self) -> bool:
+        return self.tool_response is not None
+
+    def is_interrupt(self) -> bool:
+        """True for a tool request that paused the turn and is still waiting for an answer."""
+        return (
+            self.tool_request is not None
+            and bool(self.metadata)
+            and "interrupt" in (self.metadata or {})
+        )
+
+    def meta(self, key: str, default: Any = None) -> Any:
+        """A metadata value, or `default`."""
+        return (self.metadata or {}).get(key, default)
+
+
+class Message(WireModel):
+    role: Role
+    content: list[Part]
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        """The concatenated text of the text parts."""
+        return "".join(p.text for p in self.content if p.text is not None)
+
+    @property
+    def tool_requests(self) -> list[Part]:
+        return [p for p in self.content if p.tool_request is not None]
+
+    @property
+    def interrupts(self) -> list[Part]:
+        return [p for p in self.content if p.is_interrupt()]
