@@ -113,12 +113,14 @@ class Agent:
         claim: str | None = None
         if agent_input.resume is not None:
             answers = self._plan(agent_input.resume, base, claimed_by)
-            claim = self._claim(base, claimed_by)
         else:
             self._check_not_paused(base)
+        model = self.registry.lookup_model(self.model)  # before a claim that could leak
+        if agent_input.resume is not None:
+            claim = self._claim(base, claimed_by)
         turn = Turn(
             agent=self.name,
-            model=self.registry.lookup_model(self.model),
+            model=model,
             system=self.system,
             tools=self.tool_map,
             middleware=self.middleware,
@@ -318,5 +320,7 @@ class Agent:
             else StatusError(Status.UNKNOWN, str(exc) or type(exc).__name__).to_info()
         )
         self.store.save_snapshot(snapshot)
+        if isinstance(exc, StatusError):
+            exc.snapshot_id = snapshot.snapshot_id
         if claim is not None and base.snapshot is not None:
             self.store.release(base.snapshot.snapshot_id, claim)

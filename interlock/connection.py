@@ -110,9 +110,22 @@ class Connection:
         while True:
             item = self._chunks.get()
             if item is _DONE:
-                break
+                self._settle(done=True)
+                return
             assert isinstance(item, AgentChunk)
+            if item.turn_end is not None:
+                # The turn is over: settle it before yielding its last chunk, so that a
+                # caller who stops at the turn_end (as the seed does) can send again.
+                self._settle(done=False)
+                yield item
+                return
             yield item
+
+    def _settle(self, *, done: bool) -> None:
+        """Wait for the turn's run to end (its end marker read), then raise its error."""
+        if not done:
+            while self._chunks.get() is not _DONE:
+                pass
         self._drained = True
         if self._thread is not None:
             self._thread.join()

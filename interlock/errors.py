@@ -26,6 +26,8 @@ class StatusError(InterlockError):
     """An error with a canonical status. Crosses queues as `{"status", "message"}`."""
 
     default_status = Status.UNKNOWN
+    snapshot_id: str | None = None
+    """The failed snapshot kept for inspection, when the turn got far enough to keep one."""
 
     def __init__(self, status: Status | str | None = None, message: str = "") -> None:
         self.status = Status(status) if status is not None else self.default_status
@@ -33,10 +35,7 @@ class StatusError(InterlockError):
         super().__init__(f"{self.status.value}: {message}" if message else self.status.value)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.status.value, self.message, self._extra()))
-
-    def _extra(self) -> dict[str, Any]:
-        return {}
+        return (_rebuild, (type(self), self.status.value, self.message, dict(self.__dict__)))
 
     def to_info(self) -> ErrorInfo:
         return ErrorInfo(status=self.status, message=self.message)
@@ -47,7 +46,7 @@ class StatusError(InterlockError):
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StatusError:
         info = ErrorInfo.model_validate(data)
-        return cls(info.status, info.message)
+        return _rebuild(cls, info.status.value, info.message, {})
 
 
 def _rebuild(
@@ -63,13 +62,11 @@ class ToolFailedError(StatusError):
     """A tool raised: the turn fails. The tool's exception is the `__cause__`."""
 
     default_status = Status.INTERNAL
+    tool_name: str = ""  # unknown when rebuilt from {"status", "message"}
 
     def __init__(self, tool_name: str, message: str = "", status: Status | None = None) -> None:
         self.tool_name = tool_name
         super().__init__(status or Status.INTERNAL, message or f"tool {tool_name!r} failed")
-
-    def _extra(self) -> dict[str, Any]:
-        return {"tool_name": self.tool_name}
 
 
 class ResumeValidationError(StatusError):

@@ -131,7 +131,7 @@ class Turn:
     def _loop(self) -> TurnResult:
         for _ in range(self.max_turns):
             response = self._generate()
-            message = _with_refs(response.message)
+            message = response.message
             self.messages.append(message)
             requests = [p for p in message.content if p.tool_request is not None]
             if not requests:
@@ -206,6 +206,8 @@ class Turn:
             raise
         except Exception as exc:
             raise StatusError(Status.UNKNOWN, f"model {self.model.name!r} failed: {exc}") from exc
+        # Refs first, so the tool requests a caller sees in the stream are answerable.
+        response = response.model_copy(update={"message": _with_refs(response.message)})
         if not streamed:
             self.emit(
                 AgentChunk(

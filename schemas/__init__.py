@@ -10,23 +10,56 @@ from .agent import (
     ToolResume,
     TurnEnd,
 )
+from .decisions import (
+    MAX_DECISION_BYTES,
+    Decision,
+    RespondEntry,
+    RestartEntry,
+    TurnRequest,
+    decision_adapter,
+)
+from .events import (
+    EVENT_TYPES,
+    SCHEMA_VERSION,
+    DecisionAccepted,
+    DecisionRejected,
+    Event,
+    EventBase,
+    InterruptInfo,
+    TurnCompleted,
+    TurnExpired,
+    TurnFailed,
+    TurnInterrupted,
+    event_adapter,
+)
 from .model import ModelRequest, ModelResponse, ToolDefinition, Usage
 from .parts import Media, Message, Part, Role, ToolRequest, ToolResponse
 from .snapshot import Snapshot, SnapshotStatus, utcnow
 from .status import Status
 
 __all__ = [
+    "EVENT_TYPES",
+    "MAX_DECISION_BYTES",
+    "SCHEMA_VERSION",
     "AgentChunk",
     "AgentInput",
     "AgentOutput",
+    "Decision",
+    "DecisionAccepted",
+    "DecisionRejected",
     "ErrorInfo",
+    "Event",
+    "EventBase",
     "FinishReason",
+    "InterruptInfo",
     "Media",
     "Message",
     "ModelChunk",
     "ModelRequest",
     "ModelResponse",
     "Part",
+    "RespondEntry",
+    "RestartEntry",
     "Role",
     "Snapshot",
     "SnapshotStatus",
@@ -35,7 +68,14 @@ __all__ = [
     "ToolRequest",
     "ToolResponse",
     "ToolResume",
+    "TurnCompleted",
     "TurnEnd",
+    "TurnExpired",
+    "TurnFailed",
+    "TurnInterrupted",
+    "TurnRequest",
     "Usage",
+    "decision_adapter",
+    "event_adapter",
     "utcnow",
 ]

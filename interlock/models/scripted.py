@@ -17,6 +17,7 @@ from schemas import Message, ModelRequest, ModelResponse, Part, Status, ToolRequ
 
 from .._json import to_json_value
 from ..errors import StatusError
+from ..tools import run_sync
 from .base import as_response
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def last_message(request: ModelRequest) -> Message:
 
 
 def _resolve(item: Reply, request: ModelRequest, name: str) -> ModelResponse:
-    value = item(request) if callable(item) else item
+    value = run_sync(item(request)) if callable(item) else item
     if isinstance(value, str):
         value = text(value)
     if isinstance(value, Part):

@@ -1,0 +1,115 @@
+"""The decision log: one row per decision read, with its outcome. It makes the resume
+consumer idempotent by `decision_id` and is the audit trail of who decided what."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Column, DateTime, Index, MetaData, Table, Text, insert, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from schemas import EventBase, utcnow
+
+__all__ = ["DecisionLog", "DecisionRecord", "decision_table"]
+
+decision_metadata = MetaData()
+decision_table = Table(
+    "interlock_decision",
+    decision_metadata,
+    Column("decision_id", Text, primary_key=True),
+    Column("snapshot_id", Text, nullable=True),
+    Column("session_id", Text, nullable=True),
+    Column("reviewer", Text, nullable=True),
+    Column("outcome", Text, nullable=False),
+    Column("status", Text, nullable=True),
+    Column("message", Text, nullable=True),
+    Column("body", Text, nullable=False),
+    Column("event_type", Text, nullable=False),
+    Column("event_body", Text, nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Index("ix_interlock_decision_session", "session_id", "received_at"),
+)
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    decision_id: str
+    snapshot_id: str | None
+    session_id: str | None
+    reviewer: str | None
+    outcome: str
+    status: str | None
+    message: str | None
+    body: str
+    event_type: str
+    event_body: str
+    received_at: datetime
+
+
+class DecisionLog:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        decision_metadata.create_all(engine)
+
+    def get(self, decision_id: str) -> DecisionRecord | None:
+        with self.engine.connect() as conn:
+            row = (
+                conn.execute(
+                    select(decision_table).where(decision_table.c.decision_id == decision_id)
+                )
+                .mappings()
+                .first()
+            )
+        return _record(row) if row is not None else None
+
+    def record(
+        self,
+        *,
+        decision_id: str,
+        body: str,
+        event: EventBase,
+        reviewer: str | None,
+        session_id: str | None,
+    ) -> DecisionRecord | None:
+        """Store the first outcome of `decision_id`. Returns the earlier record instead
+        when another consumer got there first."""
+        error: Any = getattr(event, "error", None)
+        values = {
+            "decision_id": decision_id,
+            "snapshot_id": event.snapshot_id,
+            "session_id": session_id or event.session_id,
+            "reviewer": reviewer,
+            "outcome": "accepted" if event.type == "decision.accepted" else "rejected",
+            "status": error.status.value if error is not None else "OK",
+            "message": error.message if error is not None else None,
+            "body": body,
+            "event_type": event.type,
+            "event_body": event.model_dump_json(),
+            "received_at": utcnow(),
+        }
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(decision_table).values(**values))
+        except IntegrityError:
+            return self.get(decision_id)
+        return None
+
+    def for_session(self, session_id: str) -> list[DecisionRecord]:
+        with self.engine.connect() as conn:
+            rows = (
+                conn.execute(
+                    select(decision_table)
+                    .where(decision_table.c.session_id == session_id)
+                    .order_by(decision_table.c.received_at)
+                )
+                .mappings()
+                .all()
+            )
+        return [_record(r) for r in rows]
+
+
+def _record(row: Any) -> DecisionRecord:
+    return DecisionRecord(**{k: row[k] for k in DecisionRecord.__dataclass_fields__})

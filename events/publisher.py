@@ -1,0 +1,96 @@
+"""Publishing events and decisions, with retries."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kombu.connection import Connection
+from kombu.entity import Exchange
+from kombu.messaging import Producer
+
+from schemas import Decision, EventBase
+
+from .topology import DECISIONS, DECISIONS_DEAD, EVENTS, all_queues
+
+__all__ = ["RETRY_POLICY", "Publisher", "declare"]
+
+RETRY_POLICY: dict[str, Any] = {
+    "max_retries": 10,
+    "interval_start": 0.1,
+    "interval_step": 0.5,
+    "interval_max": 3.0,
+}
+
+
+def declare(connection: Connection) -> None:
+    """Declare the exchanges, queues and bindings (idempotent)."""
+    with connection.channel() as channel:
+        for queue in all_queues():
+            queue.bind(channel).declare()
+
+
+class Publisher:
+    """Publishes JSON messages on one connection; reconnects and retries on failure."""
+
+    def __init__(self, connection: Connection, *, declare_topology: bool = True) -> None:
+        self.connection = connection
+        self._producer: Producer | None = None
+        self._declared = not declare_topology
+
+    def _publish(self, body: str, exchange: Exchange, routing_key: str, **kw: Any) -> None:
+        if not self._declared:
+            self.connection.ensure_connection(max_retries=RETRY_POLICY["max_retries"])
+            declare(self.connection)
+            self._declared = True
+        if self._producer is None:
+            self._producer = Producer(self.connection)
+        publish = self.connection.ensure(self._producer, self._producer.publish, **RETRY_POLICY)
+        publish(
+            body,
+            exchange=exchange,
+            routing_key=routing_key,
+            content_type="application/json",
+            content_encoding="utf-8",
+            delivery_mode=2,
+            retry=True,
+            retry_policy=RETRY_POLICY,
+            **kw,
+        )
+
+    def publish_event(self, event: EventBase) -> None:
+        """Publish an event on `interlock.events`, routed by its type."""
+        self.publish_raw_event(event.type, event.model_dump_json())
+
+    def publish_raw_event(self, routing_key: str, body: str) -> None:
+        self._publish(body, EVENTS, routing_key, headers={"event_type": routing_key})
+
+    def publish_decision(self, decision: Decision | dict[str, Any] | str) -> None:
+        """Publish a decision on `interlock.decisions`."""
+        if isinstance(decision, Decision):
+            body = decision.model_dump_json(exclude_none=True)
+        elif isinstance(decision, dict):
+            body = json.dumps(decision)
+        else:
+            body = decision
+        self._publish(body, DECISIONS.exchange, DECISIONS.routing_key)
+
+    def dead_letter(self, body: bytes, reason: str, headers: dict[str, Any]) -> None:
+        """Keep an unreadable decision on `interlock.decisions.dead`, with the reason."""
+        assert DECISIONS_DEAD.exchange is not None
+        envelope = {
+            "reason": reason,
+            "headers": {k: str(v) for k, v in headers.items()},
+            "body": body.decode("utf-8", errors="replace"),
+        }
+        self._publish(
+            json.dumps(envelope),
+            DECISIONS_DEAD.exchange,
+            DECISIONS_DEAD.routing_key,
+            headers={"x-reason": reason[:500]},
+        )
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.release()
+            self._producer = None

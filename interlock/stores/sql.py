@@ -1,0 +1,523 @@
+"""A session store in a SQL database (SQLite or PostgreSQL), on SQLModel / SQLAlchemy 2.
+
+Layout: each message is stored once.
+
+- `interlock_snapshot`: one row per snapshot. `seq` (an autoincrement integer, the
+  surrogate primary key) orders snapshots by their first save, newest first;
+  `snapshot_id` is the unique natural key every query uses.
+- `interlock_message`: `(snapshot_id, idx, body)`. A snapshot stores only the messages
+  it added: positions `inherited ..` of its history. The rest is its parent's:
+  `history(s) = history(parent)[: s.inherited] + own rows`. A snapshot that replaced
+  its parent's last message (say, an interrupt that became `resolvedInterrupt`) has
+  `inherited = len(parent) - 1` and stores its own version of that message.
+
+Reads rebuild the whole history with one recursive query over the parent chain, so a
+`get_snapshot` is two queries and a `list_snapshots` page is two queries too.
+
+Migrations: the store creates its tables if they are missing (`create_tables()`,
+called on construction; safe to run from many processes at once). Schema changes ship
+as additive columns with defaults, so an older database keeps working. A deployment
+that manages its schema itself points Alembic at `SqlSessionStore.metadata` (the
+store's own `MetaData`, holding only these two tables, with a naming convention) and
+builds the store with `create_tables=False`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    and_,
+    case,
+    delete,
+    event,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    text,
+    true,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine, RowMapping, make_url
+from sqlalchemy.orm import registry
+from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
+from sqlmodel import Field, SQLModel, create_engine
+
+from schemas import ErrorInfo, FinishReason, Message, Snapshot, SnapshotStatus, Status, utcnow
+
+from ..errors import StatusError
+
+__all__ = [
+    "MessageRow",
+    "SaveHook",
+    "SnapshotRow",
+    "SqlSessionStore",
+    "make_engine",
+    "metadata",
+]
+
+_log = logging.getLogger(__name__)
+
+SaveHook = Callable[[Connection, Snapshot, bool], None]
+"""`hook(conn, snapshot, created)`, run in a save's transaction (see `add_save_hook`)."""
+
+# Alembic-friendly constraint names.
+_NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=_NAMING)
+"""The store's own MetaData: only `interlock_snapshot` and `interlock_message`."""
+
+_registry = registry(metadata=metadata)
+
+# An INTEGER PRIMARY KEY is SQLite's rowid (autoincrement); BIGSERIAL elsewhere.
+_SEQ_TYPE = BigInteger().with_variant(Integer(), "sqlite")
+
+# A parent chain longer than this is treated as corrupt (a cycle).
+_MAX_CHAIN = 100_000
+
+# Key of the PostgreSQL advisory lock that serializes concurrent `create_tables`.
+_DDL_LOCK_KEY = 0x1A7E_7100C
+
+
+class _Row(SQLModel, registry=_registry):
+    """Base of this module's tables: they live in `metadata`, not SQLModel's global one."""
+
+
+class SnapshotRow(_Row, table=True):
+    """One snapshot, without its messages."""
+
+    __tablename__: ClassVar[str] = "interlock_snapshot"
+    __table_args__: ClassVar[Any] = (
+        Index("ix_interlock_snapshot_session_seq", "session_id", "seq"),
+        Index("ix_interlock_snapshot_pending", "finish_reason", "status", "seq"),
+        {"sqlite_autoincrement": True},
+    )
+
+    seq: int | None = Field(
+        default=None, sa_column=Column(_SEQ_TYPE, primary_key=True, autoincrement=True)
+    )
+    snapshot_id: str = Field(sa_column=Column(Text, nullable=False, unique=True))
+    session_id: str = Field(sa_column=Column(Text, nullable=False))
+    parent_id: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    agent: str = Field(sa_column=Column(Text, nullable=False))
+    status: str = Field(sa_column=Column(Text, nullable=False))
+    finish_reason: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    updated_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    resumed_by: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    inherited: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
+    message_count: int = Field(
+        default=0, sa_column=Column(Integer, nullable=False, server_default=text("0"))
+    )
+    expires_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+    resume_token_hash: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    turn_id: str | None = Field(default=None, sa_column=Column(Text, nullable=True, index=True))
+
+
+class MessageRow(_Row, table=True):
+    """One message of one snapshot, at position `idx` of its history, as JSON text."""
+
+    __tablename__: ClassVar[str] = "interlock_message"
+
+    snapshot_id: str = Field(
+        sa_column=Column(
+            Text,
+            ForeignKey("interlock_snapshot.snapshot_id", ondelete="CASCADE"),
+            primary_key=True,
+        )
+    )
+    idx: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    body: str = Field(sa_column=Column(Text, nullable=False))
+
+
+_SNAP: Table = metadata.tables["interlock_snapshot"]
+_MSG: Table = metadata.tables["interlock_message"]
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine configured the way the store needs it.
+
+    SQLite: a 30 s busy timeout, WAL journal, foreign keys on, and SQLAlchemy (not the
+    driver) emitting BEGIN, so writes start with `BEGIN IMMEDIATE` and racing writers
+    queue instead of failing with "database is locked". An in-memory SQLite URL shares
+    one connection. PostgreSQL (`postgresql+psycopg://...`): pre-ping pooled connections.
+    """
+    sa_url = make_url(url)
+    if sa_url.get_backend_name() != "sqlite":
+        kwargs.setdefault("pool_pre_ping", True)
+        return create_engine(sa_url, **kwargs)
+
+    memory = sa_url.database in (None, "", ":memory:") or "mode=memory" in str(sa_url)
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    connect_args.setdefault("timeout", 30)
+    if memory:
+        connect_args.setdefault("check_same_thread", False)
+        kwargs.setdefault("poolclass", StaticPool)
+    engine = create_engine(sa_url, connect_args=connect_args, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
+        dbapi_conn.isolation_level = None  # the driver no longer emits BEGIN; we do
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute("PRAGMA busy_timeout = 30000")
+            if not memory:
+                cur.execute("PRAGMA journal_mode = WAL")
+            cur.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("interlock_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+class SqlSessionStore:
+    """Snapshots in SQLite (the default) or PostgreSQL; `claim` is one conditional UPDATE,
+    atomic across processes."""
+
+    metadata: ClassVar[MetaData] = metadata
+
+    def __init__(
+        self,
+        url: str = "sqlite:///interlock.db",
+        *,
+        engine: Engine | None = None,
+        create_tables: bool = True,
+    ) -> None:
+        """`url` is a SQLAlchemy URL (`sqlite:///path.db`, `postgresql+psycopg://...`).
+
+        Pass `engine` to use one you built (`make_engine(url)` configures SQLite the
+        way the store wants it); the store then does not dispose it on `close()`.
+        """
+        self._owns_engine = engine is None
+        self._save_hooks: list[SaveHook] = []
+        self.engine: Engine = engine if engine is not None else make_engine(url)
+        self._dialect = self.engine.dialect.name
+        # Writes: BEGIN IMMEDIATE on SQLite (see make_engine). Reads: one consistent
+        # view for the snapshot rows and their history.
+        self._writer = self.engine.execution_options(interlock_write=True)
+        self._reader = (
+            self.engine.execution_options(isolation_level="REPEATABLE READ")
+            if self._dialect == "postgresql"
+            else self.engine
+        )
+        if create_tables:
+            self.create_tables()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def create_tables(self) -> None:
+        """Create the store's tables and indexes if they are missing.
+
+        Idempotent and safe from many processes at once (PostgreSQL: under an advisory
+        lock; SQLite: inside `BEGIN IMMEDIATE`). It never alters an existing table:
+        schema changes ship as additive columns with defaults; for real migrations,
+        point Alembic at `SqlSessionStore.metadata`.
+        """
+        with self._writer.begin() as conn:
+            if self._dialect == "postgresql":
+                conn.execute(select(func.pg_advisory_xact_lock(_DDL_LOCK_KEY)))
+            self.metadata.create_all(conn, checkfirst=True)
+
+    def close(self) -> None:
+        """Dispose the engine's pooled connections (only an engine the store created)."""
+        if self._owns_engine:
+            self.engine.dispose()
+
+    dispose = close
+
+    def __enter__(self) -> SqlSessionStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqlSessionStore({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    # ------------------------------------------------------------------- reads
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
+        found = self._load(_SNAP.c.snapshot_id == snapshot_id, limit=1)
+        return found[0] if found else None
+
+    def get_latest_snapshot(self, session_id: str) -> Snapshot | None:
+        found = self.list_snapshots(session_id=session_id, limit=1)
+        return found[0] if found else None
+
+    def list_snapshots(
+        self,
+        session_id: str | None = None,
+        status: SnapshotStatus | None = None,
+        finish_reason: FinishReason | None = None,
+        claimed: bool | None = None,
+        limit: int = 100,
+    ) -> list[Snapshot]:
+        conds: list[Any] = []
+        if session_id is not None:
+            conds.append(_SNAP.c.session_id == session_id)
+        if status is not None:
+            conds.append(_SNAP.c.status == SnapshotStatus(status).value)
+        if finish_reason is not None:
+            conds.append(_SNAP.c.finish_reason == FinishReason(finish_reason).value)
+        if claimed is not None:
+            conds.append(
+                _SNAP.c.resumed_by.is_not(None) if claimed else _SNAP.c.resumed_by.is_(None)
+            )
+        return self._load(and_(true(), *conds), limit=limit)
+
+    def _load(self, where: Any, limit: int) -> list[Snapshot]:
+        if limit <= 0:
+            return []
+        with self._reader.connect() as conn, conn.begin():
+            rows = (
+                conn.execute(select(_SNAP).where(where).order_by(_SNAP.c.seq.desc()).limit(limit))
+                .mappings()
+                .all()
+            )
+            histories = _histories(conn, rows)
+        return [_to_snapshot(r, histories[r["snapshot_id"]]) for r in rows]
+
+    # ------------------------------------------------------------------ writes
+
+    def add_save_hook(self, hook: SaveHook) -> None:
+        """Call `hook(conn, snapshot, created)` inside every save's transaction, before
+        the snapshot is written: what the hook writes on `conn` commits or rolls back
+        with the snapshot (the outbox uses this), and it may still set fields of it."""
+        self._save_hooks.append(hook)
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        sid = snapshot.snapshot_id
+        with self._writer.begin() as conn:
+            if self._save_hooks:
+                created = (
+                    conn.execute(select(_SNAP.c.seq).where(_SNAP.c.snapshot_id == sid)).first()
+                    is None
+                )
+                for hook in self._save_hooks:
+                    hook(conn, snapshot, created)
+            base = self._storage_base(conn, snapshot)
+            values = _row_values(snapshot, base)
+            # The snapshot row first: on PostgreSQL its row lock serializes concurrent
+            # saves of the same id before their message rows are touched.
+            _upsert(conn, values)
+            conn.execute(delete(_MSG).where(_MSG.c.snapshot_id == sid))
+            own = [
+                {"snapshot_id": sid, "idx": i, "body": snapshot.messages[i].model_dump_json()}
+                for i in range(base, len(snapshot.messages))
+            ]
+            if own:
+                conn.execute(insert(_MSG), own)
+
+    def _storage_base(self, conn: Connection, snapshot: Snapshot) -> int:
+        """How many leading messages this save may leave to the parent's rows."""
+        want = min(max(snapshot.inherited, 0), len(snapshot.messages))
+        parent = snapshot.parent_id
+        if want == 0 or parent is None or parent == snapshot.snapshot_id:
+            return 0
+        parent_len = conn.execute(
+            select(_SNAP.c.message_count).where(_SNAP.c.snapshot_id == parent)
+        ).scalar_one_or_none()
+        if parent_len is None or parent_len < want:
+            _log.warning(
+                "snapshot %s inherits %d messages from %s, which has %s; storing all of them",
+                snapshot.snapshot_id,
+                want,
+                parent,
+                "no record" if parent_len is None else parent_len,
+            )
+            return 0
+        return want
+
+    def claim(self, snapshot_id: str, by: str) -> bool:
+        stmt = (
+            update(_SNAP)
+            .where(
+                _SNAP.c.snapshot_id == snapshot_id,
+                _SNAP.c.status == SnapshotStatus.COMPLETED.value,
+                _SNAP.c.finish_reason == FinishReason.INTERRUPTED.value,
+                or_(_SNAP.c.resumed_by.is_(None), _SNAP.c.resumed_by == by),
+            )
+            .values(resumed_by=by, updated_at=_to_db(utcnow()))
+        )
+        with self._writer.begin() as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    def release(self, snapshot_id: str, by: str) -> None:
+        stmt = (
+            update(_SNAP)
+            .where(_SNAP.c.snapshot_id == snapshot_id, _SNAP.c.resumed_by == by)
+            .values(resumed_by=None, updated_at=_to_db(utcnow()))
+        )
+        with self._writer.begin() as conn:
+            conn.execute(stmt)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _to_db(ts: datetime) -> datetime:
+    """UTC, as the database keeps it (naive values are taken to be UTC already)."""
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def _from_db(ts: datetime) -> datetime:
+    """Timezone-aware UTC (SQLite hands back naive values)."""
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def _row_values(s: Snapshot, base: int) -> dict[str, Any]:
+    return {
+        "snapshot_id": s.snapshot_id,
+        "session_id": s.session_id,
+        "parent_id": s.parent_id,
+        "agent": s.agent,
+        "status": SnapshotStatus(s.status).value,
+        "finish_reason": FinishReason(s.finish_reason).value if s.finish_reason else None,
+        "error": s.error.model_dump_json() if s.error is not None else None,
+        "created_at": _to_db(s.created_at),
+        "updated_at": _to_db(s.updated_at),
+        "resumed_by": s.resumed_by,
+        "inherited": base,
+        "message_count": len(s.messages),
+        "expires_at": _to_db(s.expires_at) if s.expires_at is not None else None,
+        "resume_token_hash": s.resume_token_hash,
+        "turn_id": s.turn_id,
+    }
+
+
+def _upsert(conn: Connection, values: dict[str, Any]) -> None:
+    """Insert the snapshot row, or replace it in place (keeping `seq`, its first-save order)."""
+    changes = {k: v for k, v in values.items() if k != "snapshot_id"}
+    if conn.dialect.name == "postgresql":
+        pg = postgresql.insert(_SNAP).values(values)
+        conn.execute(
+            pg.on_conflict_do_update(
+                index_elements=[_SNAP.c.snapshot_id], set_={k: pg.excluded[k] for k in changes}
+            )
+        )
+        return
+    if conn.dialect.name == "sqlite":
+        lite = sqlite.insert(_SNAP).values(values)
+        conn.execute(
+            lite.on_conflict_do_update(
+                index_elements=[_SNAP.c.snapshot_id], set_={k: lite.excluded[k] for k in changes}
+            )
+        )
+        return
+    done = conn.execute(
+        update(_SNAP).where(_SNAP.c.snapshot_id == values["snapshot_id"]).values(changes)
+    )
+    if done.rowcount == 0:
+        conn.execute(insert(_SNAP).values(values))
+
+
+def _histories(conn: Connection, rows: Sequence[RowMapping]) -> dict[str, list[Message]]:
+    """The whole message history of each snapshot row, in one recursive query.
+
+    The chain walks from each snapshot to its ancestors while the current link still
+    inherits something. Each link contributes its own rows below `upper`, the smallest
+    `inherited` of the links below it, so every position comes from exactly one link.
+    """
+    out: dict[str, list[Message]] = {r["snapshot_id"]: [] for r in rows}
+    ids = [r["snapshot_id"] for r in rows if r["message_count"] > 0]
+    if not ids:
+        return out
+
+    seed = select(
+        _SNAP.c.snapshot_id.label("root"),
+        _SNAP.c.snapshot_id.label("link"),
+        _SNAP.c.parent_id.label("parent_id"),
+        _SNAP.c.inherited.label("inherited"),
+        _SNAP.c.message_count.label("upper"),
+        literal(0, Integer).label("depth"),
+    ).where(_SNAP.c.snapshot_id.in_(ids))
+    chain = seed.cte("interlock_chain", recursive=True)
+    parent = _SNAP.alias("interlock_parent")
+    step = select(
+        chain.c.root,
+        parent.c.snapshot_id,
+        parent.c.parent_id,
+        parent.c.inherited,
+        case((chain.c.inherited < chain.c.upper, chain.c.inherited), else_=chain.c.upper),
+        chain.c.depth + 1,
+    ).where(
+        parent.c.snapshot_id == chain.c.parent_id,
+        chain.c.inherited > 0,
+        chain.c.depth < _MAX_CHAIN,
+    )
+    chain = chain.union_all(step)
+    query = (
+        select(chain.c.root, _MSG.c.idx, _MSG.c.body)
+        .select_from(chain)
+        .join(_MSG, and_(_MSG.c.snapshot_id == chain.c.link, _MSG.c.idx < chain.c.upper))
+        .order_by(chain.c.root, _MSG.c.idx)
+    )
+    positions: dict[str, list[int]] = {sid: [] for sid in ids}
+    for root, idx, body in conn.execute(query):
+        positions[root].append(idx)
+        out[root].append(Message.model_validate_json(body))
+
+    expected = {r["snapshot_id"]: r["message_count"] for r in rows}
+    for sid in ids:
+        if positions[sid] != list(range(expected[sid])):
+            raise StatusError(
+                Status.DATA_LOSS,
+                f"snapshot {sid}: history has positions {_ranges(positions[sid])}, "
+                f"expected 0..{expected[sid] - 1} (an ancestor is missing or was rewritten)",
+            )
+    return out
+
+
+def _ranges(xs: Iterable[int]) -> str:
+    xs = list(xs)
+    return f"{xs[:5]}{'...' if len(xs) > 5 else ''} ({len(xs)} in all)"
+
+
+def _to_snapshot(r: RowMapping, messages: list[Message]) -> Snapshot:
+    return Snapshot(
+        snapshot_id=r["snapshot_id"],
+        session_id=r["session_id"],
+        parent_id=r["parent_id"],
+        agent=r["agent"],
+        status=SnapshotStatus(r["status"]),
+        finish_reason=FinishReason(r["finish_reason"]) if r["finish_reason"] else None,
+        messages=messages,
+        error=ErrorInfo.model_validate_json(r["error"]) if r["error"] else None,
+        created_at=_from_db(r["created_at"]),
+        updated_at=_from_db(r["updated_at"]),
+        resumed_by=r["resumed_by"],
+        inherited=r["inherited"],
+        expires_at=_from_db(r["expires_at"]) if r["expires_at"] is not None else None,
+        resume_token_hash=r["resume_token_hash"],
+        turn_id=r["turn_id"],
+    )

@@ -1,0 +1,72 @@
+"""Decisions: a human's answer to a paused turn, as any dashboard would send it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, TypeAdapter
+
+from ._base import Envelope
+from .parts import Part
+
+__all__ = [
+    "MAX_DECISION_BYTES",
+    "Decision",
+    "RespondEntry",
+    "RestartEntry",
+    "TurnRequest",
+    "decision_adapter",
+]
+
+MAX_DECISION_BYTES = 1 << 20
+
+
+class RespondEntry(Envelope):
+    """Answer an interrupt with the tool's output; the tool does not run."""
+
+    name: str
+    ref: str
+    output: Any = None
+
+
+class RestartEntry(Envelope):
+    """Re-run the interrupted tool with `resumed` as its resume data. `input`, when
+    given, must equal the interrupted call's input; when absent the stored one is used."""
+
+    name: str
+    ref: str
+    resumed: dict[str, Any] | None = None
+    input: Any = None
+
+    @property
+    def has_input(self) -> bool:
+        return "input" in self.model_fields_set
+
+
+class Decision(Envelope):
+    """A decision read from `interlock.decisions`. Entries are the plain JSON form, or
+    the `Part`s that `tool.respond` / `tool.resume` built."""
+
+    schema_version: Literal[1] = 1
+    decision_id: str = Field(min_length=1, max_length=200)
+    snapshot_id: str = Field(min_length=1, max_length=200)
+    resume_token: str = Field(default="", max_length=500)
+    reviewer: str | None = Field(default=None, max_length=500)
+    respond: list[RespondEntry | Part] = Field(default_factory=list)
+    restart: list[RestartEntry | Part] = Field(default_factory=list)
+
+
+class TurnRequest(Envelope):
+    """The JSON arguments of the `interlock.run_turn` task."""
+
+    schema_version: Literal[1] = 1
+    turn_id: str
+    agent: str
+    input: dict[str, Any]
+    session_id: str | None = None
+    snapshot_id: str | None = None
+    claimed_by: str | None = None
+    decision_id: str | None = None
+
+
+decision_adapter: TypeAdapter[Decision] = TypeAdapter(Decision)

@@ -1,0 +1,439 @@
+"""One test suite for every session store: memory, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event, func, select, text
+from sqlmodel import SQLModel
+
+from interlock.stores import InMemorySessionStore, SessionStore, SqlSessionStore
+from schemas import (
+    ErrorInfo,
+    FinishReason,
+    Message,
+    Part,
+    Snapshot,
+    SnapshotStatus,
+    Status,
+    ToolRequest,
+)
+
+T0 = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+
+
+def msg(text_: str, role: str = "user") -> Message:
+    return Message.model_validate({"role": role, "content": [{"text": text_}]})
+
+
+def snap(
+    snapshot_id: str,
+    session_id: str = "s1",
+    *,
+    status: SnapshotStatus = SnapshotStatus.COMPLETED,
+    finish_reason: FinishReason | None = FinishReason.INTERRUPTED,
+    messages: list[Message] | None = None,
+    **kw: Any,
+) -> Snapshot:
+    return Snapshot(
+        snapshot_id=snapshot_id,
+        session_id=session_id,
+        agent="a",
+        status=status,
+        finish_reason=finish_reason,
+        messages=messages if messages is not None else [msg("hi")],
+        **kw,
+    )
+
+
+def sql_url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SessionStore]:
+    if request.param == "memory":
+        yield InMemorySessionStore()
+        return
+    sql = SqlSessionStore(sql_url(request.param, request, tmp_path))
+    try:
+        yield sql
+    finally:
+        sql.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlSessionStore]:
+    sql = SqlSessionStore(sql_url(request.param, request, tmp_path))
+    try:
+        yield sql
+    finally:
+        sql.close()
+
+
+def ids(snaps: list[Snapshot]) -> list[str]:
+    return [s.snapshot_id for s in snaps]
+
+
+# ------------------------------------------------------------------ every store
+
+
+def test_is_a_session_store(store: SessionStore) -> None:
+    assert isinstance(store, SessionStore)
+
+
+def test_round_trip(store: SessionStore) -> None:
+    messages = [
+        Message(role="system", content=[Part(text="be brief")]),
+        msg("Transfer $500 to savings."),
+        Message(
+            role="model",
+            content=[
+                Part(text="Sure."),
+                Part(
+                    tool_request=ToolRequest(
+                        name="transferMoney", ref="r1", input={"amount": 500.0, "to": "sav"}
+                    ),
+                    metadata={"interrupt": {"action": "transferMoney", "n": [1, 2.5, None]}},
+                ),
+            ],
+            metadata={"k": "ü ✓"},
+        ),
+        Message(role="tool", content=[Part(data={"nested": {"x": [True, False]}})]),
+    ]
+    s = snap(
+        "snap-1",
+        parent_id="snap-0",
+        messages=messages,
+        error=ErrorInfo(status=Status.INTERNAL, message="tool 'x' failed"),
+        created_at=T0,
+        updated_at=T0 + timedelta(seconds=1),
+        expires_at=T0 + timedelta(days=1),
+        resume_token_hash="abc123",
+    )
+    store.save_snapshot(s)
+    got = store.get_snapshot("snap-1")
+    assert got == s
+    assert got.messages == messages
+    assert got.error == ErrorInfo(status=Status.INTERNAL, message="tool 'x' failed")
+    assert got.created_at == T0
+    assert got.updated_at == T0 + timedelta(seconds=1)
+    assert got.expires_at == T0 + timedelta(days=1)
+    for ts in (got.created_at, got.updated_at, got.expires_at):
+        assert ts is not None
+        assert ts.utcoffset() == timedelta(0)
+    # A copy: changing it does not change the store.
+    got.messages.append(msg("extra"))
+    again = store.get_snapshot("snap-1")
+    assert again is not None
+    assert len(again.messages) == 4
+
+
+def test_timestamps_in_other_zones_keep_their_instant(store: SessionStore) -> None:
+    plus2 = timezone(timedelta(hours=2))
+    store.save_snapshot(snap("z", created_at=T0.astimezone(plus2), updated_at=T0))
+    got = store.get_snapshot("z")
+    assert got is not None
+    assert got.created_at == T0
+    assert got.created_at.utcoffset() is not None
+
+
+def test_unknown_ids(store: SessionStore) -> None:
+    assert store.get_snapshot("nope") is None
+    assert store.get_latest_snapshot("nope") is None
+    assert store.list_snapshots() == []
+    assert store.list_snapshots(session_id="nope") == []
+    assert store.claim("nope", "w1") is False
+    store.release("nope", "w1")  # no error
+
+
+def test_get_latest_snapshot_is_newest_of_any_status(store: SessionStore) -> None:
+    store.save_snapshot(snap("a", "s1"))
+    store.save_snapshot(snap("x", "s2"))
+    store.save_snapshot(
+        snap("b", "s1", status=SnapshotStatus.FAILED, finish_reason=FinishReason.FAILED)
+    )
+    store.save_snapshot(snap("y", "s2"))
+    latest = store.get_latest_snapshot("s1")
+    assert latest is not None
+    assert latest.snapshot_id == "b"
+    # Saving an older snapshot again does not make it the newest.
+    store.save_snapshot(snap("a", "s1", status=SnapshotStatus.EXPIRED))
+    latest = store.get_latest_snapshot("s1")
+    assert latest is not None
+    assert latest.snapshot_id == "b"
+    latest2 = store.get_latest_snapshot("s2")
+    assert latest2 is not None
+    assert latest2.snapshot_id == "y"
+
+
+def test_list_filters_order_and_limit(store: SessionStore) -> None:
+    # Same timestamps everywhere: order must come from insertion, not from clocks.
+    same: dict[str, Any] = {"created_at": T0, "updated_at": T0}
+    store.save_snapshot(snap("p1", "s1", **same))
+    store.save_snapshot(snap("done", "s1", finish_reason=FinishReason.STOP, **same))
+    store.save_snapshot(snap("p2", "s2", **same))
+    store.save_snapshot(
+        snap("f", "s1", status=SnapshotStatus.FAILED, finish_reason=FinishReason.FAILED, **same)
+    )
+    store.save_snapshot(snap("p3", "s1", **same))
+    assert store.claim("p3", "w1")
+
+    assert ids(store.list_snapshots()) == ["p3", "f", "p2", "done", "p1"]
+    assert ids(store.list_snapshots(session_id="s1")) == ["p3", "f", "done", "p1"]
+    assert ids(store.list_snapshots(session_id="s2")) == ["p2"]
+    assert ids(store.list_snapshots(status=SnapshotStatus.FAILED)) == ["f"]
+    assert ids(store.list_snapshots(status=SnapshotStatus.COMPLETED)) == [
+        "p3",
+        "p2",
+        "done",
+        "p1",
+    ]
+    assert ids(store.list_snapshots(finish_reason=FinishReason.INTERRUPTED)) == ["p3", "p2", "p1"]
+    assert ids(store.list_snapshots(finish_reason=FinishReason.STOP)) == ["done"]
+    # `interlock pending`: interrupted and not claimed.
+    pending = store.list_snapshots(finish_reason=FinishReason.INTERRUPTED, claimed=False)
+    assert ids(pending) == ["p2", "p1"]
+    assert ids(store.list_snapshots(claimed=True)) == ["p3"]
+    assert ids(
+        store.list_snapshots(
+            session_id="s1",
+            status=SnapshotStatus.COMPLETED,
+            finish_reason=FinishReason.INTERRUPTED,
+            claimed=False,
+        )
+    ) == ["p1"]
+    assert ids(store.list_snapshots(limit=2)) == ["p3", "f"]
+    assert ids(store.list_snapshots(session_id="s1", limit=1)) == ["p3"]
+    assert store.list_snapshots(limit=0) == []
+    # Listed snapshots carry their whole history too.
+    assert all(s.messages == [msg("hi")] for s in store.list_snapshots())
+
+
+def test_claim_is_once_only(store: SessionStore) -> None:
+    store.save_snapshot(snap("s"))
+    assert store.claim("s", "w1") is True
+    assert store.claim("s", "w2") is False
+    assert store.claim("s", "w1") is True  # idempotent for the holder
+    got = store.get_snapshot("s")
+    assert got is not None
+    assert got.resumed_by == "w1"
+    assert got.updated_at.tzinfo is not None
+
+
+@pytest.mark.parametrize(
+    ("status", "finish_reason"),
+    [
+        (SnapshotStatus.COMPLETED, FinishReason.STOP),
+        (SnapshotStatus.COMPLETED, None),
+        (SnapshotStatus.FAILED, FinishReason.INTERRUPTED),
+        (SnapshotStatus.EXPIRED, FinishReason.INTERRUPTED),
+        (SnapshotStatus.EXPIRED, FinishReason.EXPIRED),
+        (SnapshotStatus.PENDING, FinishReason.INTERRUPTED),
+        (SnapshotStatus.ABORTED, FinishReason.ABORTED),
+    ],
+)
+def test_claim_refused_unless_completed_and_interrupted(
+    store: SessionStore, status: SnapshotStatus, finish_reason: FinishReason | None
+) -> None:
+    store.save_snapshot(snap("s", status=status, finish_reason=finish_reason))
+    assert store.claim("s", "w1") is False
+    got = store.get_snapshot("s")
+    assert got is not None
+    assert got.resumed_by is None
+
+
+def test_claim_refused_after_marked_expired(store: SessionStore) -> None:
+    store.save_snapshot(snap("s"))
+    store.save_snapshot(snap("s", status=SnapshotStatus.EXPIRED))
+    assert store.claim("s", "w1") is False
+
+
+def test_release_only_by_the_holder(store: SessionStore) -> None:
+    store.save_snapshot(snap("s"))
+    assert store.claim("s", "w1")
+    store.release("s", "w2")  # not the holder: no-op
+    got = store.get_snapshot("s")
+    assert got is not None
+    assert got.resumed_by == "w1"
+    assert store.claim("s", "w2") is False
+
+    store.release("s", "w1")
+    got = store.get_snapshot("s")
+    assert got is not None
+    assert got.resumed_by is None
+    assert ids(store.list_snapshots(claimed=False)) == ["s"]
+    assert store.claim("s", "w2") is True
+    assert store.claim("s", "w1") is False
+
+
+def test_resave_replaces(store: SessionStore) -> None:
+    store.save_snapshot(snap("a", messages=[msg("1"), msg("2"), msg("3")]))
+    store.save_snapshot(snap("b"))
+    assert store.claim("a", "w1")
+    replaced = snap(
+        "a",
+        status=SnapshotStatus.FAILED,
+        finish_reason=FinishReason.FAILED,
+        messages=[msg("1"), msg("two")],
+        error=ErrorInfo(status=Status.DEADLINE_EXCEEDED, message="late"),
+        resumed_by=None,
+    )
+    store.save_snapshot(replaced)
+    assert store.get_snapshot("a") == replaced
+    assert ids(store.list_snapshots()) == ["b", "a"]  # still in first-save order
+    assert ids(store.list_snapshots(status=SnapshotStatus.FAILED)) == ["a"]
+    assert store.claim("a", "w2") is False
+
+
+# --------------------------------------------------------------- SQL store only
+
+
+def message_rows(store: SqlSessionStore) -> int:
+    with store.engine.connect() as conn:
+        n = conn.execute(select(func.count()).select_from(text("interlock_message"))).scalar_one()
+    return int(n)
+
+
+def child(
+    parent: Snapshot, snapshot_id: str, new: list[Message], *, keep: int | None = None
+) -> Snapshot:
+    """A child of `parent` that keeps its first `keep` messages (all by default)."""
+    keep = len(parent.messages) if keep is None else keep
+    return snap(
+        snapshot_id,
+        parent.session_id,
+        parent_id=parent.snapshot_id,
+        messages=[*parent.messages[:keep], *new],
+        inherited=keep,
+    )
+
+
+def test_each_message_is_stored_once(sql_store: SqlSessionStore) -> None:
+    root = snap("t0", messages=[msg("sys", "system"), msg("u0")])
+    sql_store.save_snapshot(root)
+    chain = [root]
+    for i in range(1, 6):
+        chain.append(child(chain[-1], f"t{i}", [msg(f"m{i}", "model"), msg(f"u{i}")]))
+        sql_store.save_snapshot(chain[-1])
+    total = len(chain[-1].messages)
+    assert total == 12
+    assert message_rows(sql_store) == total
+
+    for s in chain:
+        got = sql_store.get_snapshot(s.snapshot_id)
+        assert got is not None
+        assert got.messages == s.messages
+        assert got.inherited == s.inherited
+    listed = {s.snapshot_id: s for s in sql_store.list_snapshots()}
+    assert all(listed[s.snapshot_id].messages == s.messages for s in chain)
+
+    # The resume replaces the last message (an interrupt became resolved) and adds one.
+    last = chain[-1]
+    resolved = child(last, "t6", [msg("u5 resolved"), msg("tool out", "tool")], keep=total - 1)
+    sql_store.save_snapshot(resolved)
+    assert message_rows(sql_store) == total + 2
+    got = sql_store.get_snapshot("t6")
+    assert got is not None
+    assert got.messages == resolved.messages
+    assert [m.text for m in got.messages[-3:]] == ["m5", "u5 resolved", "tool out"]
+    # ... and the parent still has its own version.
+    parent = sql_store.get_snapshot("t5")
+    assert parent is not None
+    assert parent.messages[-1].text == "u5"
+
+    # A grandchild of the replacing snapshot, and a fork from the middle of the chain.
+    grand = child(resolved, "t7", [msg("m7", "model")])
+    fork = child(chain[2], "fork", [msg("other way")], keep=3)
+    sql_store.save_snapshot(grand)
+    sql_store.save_snapshot(fork)
+    assert message_rows(sql_store) == total + 2 + 1 + 1
+    for s in (grand, fork, resolved, *chain):
+        got = sql_store.get_snapshot(s.snapshot_id)
+        assert got is not None
+        assert got.messages == s.messages, s.snapshot_id
+
+
+def test_resave_with_inherited_keeps_messages_once(sql_store: SqlSessionStore) -> None:
+    a = snap("a", messages=[msg("1"), msg("2")])
+    b = child(a, "b", [msg("3")])
+    sql_store.save_snapshot(a)
+    sql_store.save_snapshot(b)
+    assert sql_store.claim("b", "w1")
+    sql_store.save_snapshot(b.model_copy(update={"status": SnapshotStatus.EXPIRED}))
+    assert message_rows(sql_store) == 3
+    got = sql_store.get_snapshot("b")
+    assert got is not None
+    assert got.status == SnapshotStatus.EXPIRED
+    assert got.messages == b.messages
+
+
+def test_inherited_from_unknown_parent_stores_everything(sql_store: SqlSessionStore) -> None:
+    orphan = snap("o", parent_id="gone", messages=[msg("1"), msg("2"), msg("3")], inherited=2)
+    sql_store.save_snapshot(orphan)
+    got = sql_store.get_snapshot("o")
+    assert got is not None
+    assert got.messages == orphan.messages
+    assert got.inherited == 0
+    assert message_rows(sql_store) == 3
+
+
+def test_history_is_read_in_a_bounded_number_of_queries(sql_store: SqlSessionStore) -> None:
+    chain = [snap("c0", messages=[msg("0")])]
+    sql_store.save_snapshot(chain[0])
+    for i in range(1, 30):
+        chain.append(child(chain[-1], f"c{i}", [msg(str(i))]))
+        sql_store.save_snapshot(chain[-1])
+
+    selects: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "SELECT" in statement.upper():
+            selects.append(statement)
+
+    event.listen(sql_store.engine, "before_cursor_execute", count)
+    try:
+        got = sql_store.get_snapshot("c29")
+        assert got is not None
+        assert [m.text for m in got.messages] == [str(i) for i in range(30)]
+        assert len(selects) <= 2
+        selects.clear()
+        listed = sql_store.list_snapshots(limit=30)
+        assert [len(s.messages) for s in listed] == list(range(30, 0, -1))
+        assert len(selects) <= 2
+    finally:
+        event.remove(sql_store.engine, "before_cursor_execute", count)
+
+
+def test_tables_live_in_their_own_metadata(sql_store: SqlSessionStore) -> None:
+    assert set(SqlSessionStore.metadata.tables) == {"interlock_snapshot", "interlock_message"}
+    assert sql_store.metadata is SqlSessionStore.metadata
+    assert "interlock_snapshot" not in SQLModel.metadata.tables
+    sql_store.create_tables()  # idempotent
+
+
+def test_two_stores_share_one_database(sql_store: SqlSessionStore) -> None:
+    other = SqlSessionStore(sql_store.engine.url.render_as_string(hide_password=False))
+    try:
+        sql_store.save_snapshot(snap("shared"))
+        got = other.get_snapshot("shared")
+        assert got is not None
+        assert other.claim("shared", "w1")
+        assert sql_store.claim("shared", "w2") is False
+    finally:
+        other.close()
+
+
+def test_in_memory_sqlite_url() -> None:
+    with SqlSessionStore("sqlite://") as mem:
+        mem.save_snapshot(snap("m", messages=[msg("1"), msg("2")]))
+        got = mem.get_snapshot("m")
+        assert got is not None
+        assert len(got.messages) == 2

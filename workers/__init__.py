@@ -1,0 +1,1 @@
+"""Interlock on the queue: the Celery app, the resume consumer, settings and the CLI."""

@@ -1,0 +1,65 @@
+"""The Celery app factory: JSON only, acks late, prefetch 1, explicit retries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu.exceptions import OperationalError as BrokerError
+from sqlalchemy.exc import OperationalError as DatabaseError
+
+from events.topology import TURNS, TURNS_QUEUE
+from interlock import Interlock
+
+from .runtime import Runtime
+from .settings import Settings
+from .turns import run_turn
+
+__all__ = ["RUN_TURN", "create_app", "runtime_of"]
+
+RUN_TURN = "interlock.run_turn"
+
+
+def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
+    """A Celery app whose task `interlock.run_turn` runs turns of `registry` (or of the
+    registry named by `settings.app`, loaded on first use)."""
+    app = Celery("interlock", broker=settings.broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        broker_connection_retry=True,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        broker_transport_options=settings.transport_options,
+        task_default_queue=TURNS,
+        task_queues=[TURNS_QUEUE],
+        task_routes={RUN_TURN: {"queue": TURNS}},
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        enable_utc=True,
+    )
+    runtime = Runtime(settings, registry)
+    app.interlock_runtime = runtime
+
+    @app.task(  # type: ignore[untyped-decorator]
+        name=RUN_TURN,
+        bind=True,
+        autoretry_for=(DatabaseError, BrokerError),
+        retry_backoff=True,
+        retry_backoff_max=30,
+        max_retries=20,
+    )
+    def run_turn_task(self: Any, request: dict[str, Any]) -> dict[str, Any]:
+        return run_turn(runtime, request)
+
+    return app
+
+
+def runtime_of(app: Celery) -> Runtime:
+    runtime: Runtime = app.interlock_runtime
+    return runtime

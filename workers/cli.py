@@ -1,0 +1,393 @@
+"""The `interlock` command line. Each command prints one JSON line on success, and a
+clear message with a non-zero exit on error."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from interlock import AgentInput, InterlockError, Message, Part, StatusError, status_of
+
+from .settings import Settings
+
+__all__ = ["main"]
+
+DEMO_TEXT = "Transfer $500 to my savings account."
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def emit(data: dict[str, Any]) -> None:
+    """Print one JSON line."""
+    click.echo(json.dumps(data, default=str))
+
+
+def fail(message: str, code: int = 1) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def clear_errors(fn: F) -> F:
+    """Turn Interlock errors into a one-line message and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InterlockError as exc:
+            fail(f"{status_of(exc).value}: {getattr(exc, 'message', str(exc))}")
+        except OSError as exc:
+            fail(f"UNAVAILABLE: {exc}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.split("@")[-1]
+
+
+app_option = click.option(
+    "--app",
+    envvar="INTERLOCK_APP",
+    help="Module defining the registry, MODULE:OBJ. [env: INTERLOCK_APP]",
+)
+broker_option = click.option(
+    "--broker",
+    envvar="INTERLOCK_BROKER_URL",
+    help="Broker URL (redis://, amqp://, memory://). [env: INTERLOCK_BROKER_URL; default redis://localhost:6379/0]",
+)
+store_option = click.option(
+    "--store",
+    envvar="INTERLOCK_STORE_URL",
+    help="Store URL (sqlite:///..., postgresql+psycopg://...). [env: INTERLOCK_STORE_URL; default sqlite:///interlock.db]",
+)
+
+
+def settings_of(
+    app: str | None = None, broker: str | None = None, store: str | None = None
+) -> Settings:
+    return Settings.from_env(app=app, broker_url=broker, store_url=store)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="interlock")
+def main() -> None:
+    """Interlock: agents that pause for a human and resume where they stopped.
+
+    Start with `interlock demo`. In production run `interlock worker` and
+    `interlock resume-consumer`, submit turns with `interlock submit`, list what waits
+    with `interlock pending` and answer with `interlock decide`."""
+
+
+# -- long-running processes ---------------------------------------------------------------
+
+
+@main.command()
+@app_option
+@broker_option
+@store_option
+@click.option("--concurrency", "-c", default=2, show_default=True, help="Worker processes.")
+@click.option(
+    "--pool",
+    default="prefork",
+    show_default=True,
+    type=click.Choice(["prefork", "solo", "threads"]),
+    help="Celery pool.",
+)
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@clear_errors
+def worker(
+    app: str | None,
+    broker: str | None,
+    store: str | None,
+    concurrency: int,
+    pool: str,
+    loglevel: str,
+) -> None:
+    """Run a Celery worker for `interlock.run_turn` (a real `celery worker` process)."""
+    from .loader import load_registry
+
+    settings = settings_of(app, broker, store)
+    load_registry(settings.app)  # fail here, clearly, rather than inside Celery
+    emit(
+        {
+            "worker": "starting",
+            "app": settings.app,
+            "broker": redact(settings.broker_url),
+            "store": redact(settings.store_url),
+            "concurrency": concurrency,
+            "pool": pool,
+        }
+    )
+    sys.stdout.flush()
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.celery_app:app",
+        "worker",
+        "-Q",
+        "interlock.turns",
+        "-c",
+        str(concurrency),
+        "-P",
+        pool,
+        "-l",
+        loglevel,
+        "-n",
+        f"interlock-{uuid.uuid4().hex[:8]}@%h",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    os.execve(sys.executable, argv, {**os.environ, **settings.to_env()})
+
+
+@main.command("resume-consumer")
+@app_option
+@broker_option
+@store_option
+@click.option(
+    "--heartbeat-file",
+    envvar="INTERLOCK_HEARTBEAT_FILE",
+    help="File touched while the consumer serves (for health checks).",
+)
+@clear_errors
+def resume_consumer(
+    app: str | None, broker: str | None, store: str | None, heartbeat_file: str | None
+) -> None:
+    """Run the resume consumer: decisions in, resumed turns out."""
+    import logging
+
+    from .app import create_app
+    from .consumer import ResumeConsumer
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = Settings.from_env(
+        app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+    )
+    celery_app = create_app(settings)
+    consumer = ResumeConsumer(celery_app, heartbeat_file=settings.heartbeat_file)
+    rt = consumer.rt
+    rt.registry  # noqa: B018 - fail early on a bad --app
+    rt.outbox  # noqa: B018
+    rt.relay.start(settings.relay_interval)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(consumer, "should_stop", True))
+    emit(
+        {
+            "resume_consumer": "starting",
+            "app": settings.app,
+            "broker": redact(settings.broker_url),
+            "store": redact(settings.store_url),
+        }
+    )
+    sys.stdout.flush()
+    try:
+        consumer.run()
+    finally:
+        rt.close()
+
+
+# -- one-shot commands -------------------------------------------------------------------
+
+
+@main.command()
+@app_option
+@broker_option
+@store_option
+@click.option("--agent", "agent_name", required=True, help="Agent name in the registry.")
+@click.option("--text", required=True, help="The user's message.")
+@click.option("--session", "session_id", help="Continue this session (default: a new one).")
+@clear_errors
+def submit(
+    app: str | None,
+    broker: str | None,
+    store: str | None,
+    agent_name: str,
+    text: str,
+    session_id: str | None,
+) -> None:
+    """Enqueue a turn; prints {"turn_id", "session_id"}."""
+    from .app import RUN_TURN, create_app, runtime_of
+    from .turns import new_turn_request
+
+    settings = settings_of(app, broker, store)
+    celery_app = create_app(settings)
+    runtime = runtime_of(celery_app)
+    runtime.registry.lookup_agent(agent_name)
+    session_id = session_id or str(uuid.uuid4())
+    request = new_turn_request(
+        agent_name,
+        AgentInput(message=Message(role="user", content=[Part(text=text)])),
+        session_id=session_id,
+    )
+    celery_app.send_task(RUN_TURN, args=[request.model_dump(mode="json")])
+    emit({"turn_id": request.turn_id, "session_id": session_id})
+
+
+@main.command()
+@store_option
+@click.option("--session", "session_id", help="Only this session.")
+@click.option("--limit", default=100, show_default=True)
+@clear_errors
+def pending(store: str | None, session_id: str | None, limit: int) -> None:
+    """List the open interrupts, one JSON line each (newest first)."""
+    from interlock import FinishReason, SnapshotStatus, SqlSessionStore
+
+    sql = SqlSessionStore(settings_of(store=store).store_url)
+    try:
+        snaps = sql.list_snapshots(
+            session_id=session_id,
+            status=SnapshotStatus.COMPLETED,
+            finish_reason=FinishReason.INTERRUPTED,
+            claimed=False,
+            limit=limit,
+        )
+        for snap in snaps:
+            message = snap.last_model_message
+            emit(
+                {
+                    "snapshot_id": snap.snapshot_id,
+                    "session_id": snap.session_id,
+                    "agent": snap.agent,
+                    "created_at": snap.created_at.isoformat(),
+                    "expires_at": snap.expires_at.isoformat() if snap.expires_at else None,
+                    "interrupts": [
+                        {
+                            "name": p.tool_request.name,
+                            "ref": p.tool_request.ref,
+                            "input": p.tool_request.input,
+                            "payload": p.meta("interrupt"),
+                        }
+                        for p in (message.interrupts if message else [])
+                        if p.tool_request
+                    ],
+                }
+            )
+        if not snaps:
+            click.echo("no open interrupts", err=True)
+    finally:
+        sql.dispose()
+
+
+@main.command()
+@click.argument("snapshot_id")
+@broker_option
+@click.option(
+    "--token",
+    "resume_token",
+    envvar="INTERLOCK_RESUME_TOKEN",
+    required=True,
+    help="The resume_token of the turn.interrupted event.",
+)
+@click.option("--approve", "verdict", flag_value="approve", help="Approve every interrupt.")
+@click.option("--deny", "verdict", flag_value="deny", help="Deny every interrupt.")
+@click.option("--respond", "respond_json", help="Respond to every interrupt with this output JSON.")
+@click.option(
+    "--ref",
+    "refs",
+    multiple=True,
+    required=True,
+    help="Ref of an interrupt to answer (repeat for each). Use `interlock pending`.",
+)
+@click.option("--name", "tool_name", default="transferMoney", show_default=True, help="Tool name.")
+@click.option("--reviewer", default=None, help="Who decides (recorded in the audit trail).")
+@click.option("--feedback", default=None, help="Feedback passed with an approval or denial.")
+@clear_errors
+def decide(
+    snapshot_id: str,
+    broker: str | None,
+    resume_token: str,
+    verdict: str | None,
+    respond_json: str | None,
+    refs: tuple[str, ...],
+    tool_name: str,
+    reviewer: str | None,
+    feedback: str | None,
+) -> None:
+    """Publish a decision for a paused turn; prints {"decision_id"}."""
+    from kombu.connection import Connection
+
+    from events.publisher import Publisher
+    from schemas import Decision, RespondEntry, RestartEntry
+
+    if (verdict is None) == (respond_json is None):
+        raise click.UsageError("give exactly one of --approve, --deny, --respond JSON")
+    decision_id = str(uuid.uuid4())
+    respond_entries: list[RespondEntry | Part] = []
+    restart_entries: list[RestartEntry | Part] = []
+    if respond_json is not None:
+        try:
+            output = json.loads(respond_json)
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--respond") from None
+        respond_entries = [RespondEntry(name=tool_name, ref=r, output=output) for r in refs]
+    else:
+        resumed: dict[str, Any] = {"approved": verdict == "approve"}
+        if feedback:
+            resumed["feedback"] = feedback
+        restart_entries = [RestartEntry(name=tool_name, ref=r, resumed=resumed) for r in refs]
+    decision = Decision(
+        decision_id=decision_id,
+        snapshot_id=snapshot_id,
+        resume_token=resume_token,
+        reviewer=reviewer,
+        respond=respond_entries,
+        restart=restart_entries,
+    )
+    settings = settings_of(broker=broker)
+    with Connection(settings.broker_url, transport_options=settings.transport_options) as conn:
+        Publisher(conn).publish_decision(decision)
+    emit({"decision_id": decision_id, "snapshot_id": snapshot_id})
+
+
+@main.command()
+@click.option(
+    "--approve", "decision", flag_value=True, default=None, help="Approve without asking."
+)
+@click.option("--deny", "decision", flag_value=False, help="Deny without asking.")
+@click.option("--text", default=DEMO_TEXT, show_default=True, help="What the user asks.")
+@click.option(
+    "--broker",
+    default=None,
+    help="Run against a running worker and resume consumer on this broker "
+    "(default: everything in this process, no server needed).",
+)
+@click.option("--store", default=None, help="Store URL, with --broker (shared with the worker).")
+@click.option("--in-process", is_flag=True, help="Skip the queues: call the agent directly.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for each hop.")
+@clear_errors
+def demo(
+    decision: bool | None,
+    text: str,
+    broker: str | None,
+    store: str | None,
+    in_process: bool,
+    timeout: float,
+) -> None:
+    """Run the banking agent end to end: it pauses for approval, a human answers, it
+    resumes. With no --broker, one process holds a broker, a worker, the resume consumer
+    and a SQLite store."""
+    from .demo import ask_human, run_in_process, run_on_queues
+
+    decide_fn = ask_human(decision)
+    if in_process:
+        out = run_in_process(text, decide_fn)
+        emit({"finish_reason": out.finish_reason.value, "text": out.text})
+        return
+    result = run_on_queues(text, decide_fn, broker=broker, store=store, timeout=timeout)
+    emit(result)
+    if result.get("type") != "turn.completed":
+        raise StatusError(message=f"the demo ended with {result.get('type')}")

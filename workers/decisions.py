@@ -1,0 +1,123 @@
+"""Reading a decision: parse it, check it against the stored snapshot, claim it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from events.tokens import token_matches
+from interlock import (
+    AgentInput,
+    Part,
+    SnapshotNotFoundError,
+    Status,
+    StatusError,
+    ToolRequest,
+    ToolResume,
+    respond,
+)
+from interlock.resume import check_resumable, pending_interrupts
+from interlock.tools import brief
+from schemas import MAX_DECISION_BYTES, Decision, RespondEntry, RestartEntry, Snapshot, TurnRequest
+
+from .runtime import Runtime
+
+__all__ = ["ParseFailure", "evaluate", "parse_decision", "to_tool_resume"]
+
+_JSON_TYPES = {"", "application/json", "text/json", "text/plain", "application/octet-stream"}
+
+
+@dataclass(frozen=True)
+class ParseFailure:
+    """A message that is no decision: dead-lettered with `reason`."""
+
+    reason: str
+    decision_id: str | None = None
+
+
+def parse_decision(body: bytes | str, content_type: str | None) -> Decision | ParseFailure:
+    """Rule 1: a JSON object, at most 1 MiB, a known schema_version, valid."""
+    raw = body.encode() if isinstance(body, str) else bytes(body or b"")
+    if len(raw) > MAX_DECISION_BYTES:
+        return ParseFailure(f"decision is {len(raw)} bytes; the limit is {MAX_DECISION_BYTES}")
+    kind = (content_type or "").split(";")[0].strip().lower()
+    if kind not in _JSON_TYPES:
+        return ParseFailure(f"content type {content_type!r} is not accepted: send JSON")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return ParseFailure(f"decision is not JSON: {exc}")
+    if not isinstance(data, dict):
+        return ParseFailure(f"decision must be a JSON object, not {type(data).__name__}")
+    found = data.get("decision_id")
+    decision_id = found if isinstance(found, str) and 0 < len(found) <= 200 else None
+    if data.get("schema_version") != 1:
+        return ParseFailure(
+            f"unknown schema_version {data.get('schema_version')!r}; this consumer reads 1",
+            decision_id,
+        )
+    try:
+        return Decision.model_validate(data)
+    except ValidationError as exc:
+        return ParseFailure(f"decision does not match the schema: {brief(exc)}", decision_id)
+
+
+def to_tool_resume(decision: Decision, snapshot: Snapshot) -> ToolResume:
+    """The decision's entries as respond/restart parts; one set of rules then applies."""
+    inputs = {
+        p.tool_request.ref: p.tool_request.input
+        for p in pending_interrupts(snapshot.messages)
+        if p.tool_request is not None
+    }
+    responds = [
+        respond(Part(tool_request=ToolRequest(name=e.name, ref=e.ref)), e.output)
+        if isinstance(e, RespondEntry)
+        else e
+        for e in decision.respond
+    ]
+    restarts = [
+        _restart_part(e, inputs) if isinstance(e, RestartEntry) else e for e in decision.restart
+    ]
+    return ToolResume(respond=responds, restart=restarts)
+
+
+def _restart_part(entry: RestartEntry, inputs: dict[str | None, Any]) -> Part:
+    given = entry.input if entry.has_input else inputs.get(entry.ref)
+    return Part(
+        tool_request=ToolRequest(name=entry.name, ref=entry.ref, input=given),
+        metadata={"resumed": entry.resumed if entry.resumed is not None else True},
+    )
+
+
+def evaluate(rt: Runtime, decision: Decision) -> tuple[Snapshot, TurnRequest]:
+    """Rules 2-6: snapshot, token, status, parts, claim. Returns the resumed turn to run;
+    raises a `StatusError` naming the first rule broken."""
+    snapshot = rt.store.get_snapshot(decision.snapshot_id)
+    if snapshot is None:
+        raise SnapshotNotFoundError(f"snapshot {decision.snapshot_id} not found")
+    if not token_matches(decision.resume_token, snapshot.resume_token_hash):
+        raise StatusError(
+            Status.PERMISSION_DENIED,
+            f"resume_token does not match snapshot {snapshot.snapshot_id}",
+        )
+    check_resumable(snapshot, claimed_by=decision.decision_id)
+    agent = rt.agent(snapshot.agent)
+    resume = to_tool_resume(decision, snapshot)
+    agent.validate_resume(resume, snapshot_id=snapshot.snapshot_id, claimed_by=decision.decision_id)
+    if not rt.store.claim(snapshot.snapshot_id, decision.decision_id):
+        raise StatusError(
+            Status.FAILED_PRECONDITION, f"snapshot {snapshot.snapshot_id} was already resumed"
+        )
+    request = TurnRequest(
+        turn_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"interlock:decision:{decision.decision_id}")),
+        agent=snapshot.agent,
+        input=AgentInput(resume=resume).to_json(),
+        snapshot_id=snapshot.snapshot_id,
+        claimed_by=decision.decision_id,
+        decision_id=decision.decision_id,
+    )
+    return snapshot, request

@@ -1,0 +1,177 @@
+"""`interlock demo`: the seed's banking flow, shown hop by hop."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import click
+
+from interlock import AgentOutput, Part, ToolResume
+
+__all__ = ["ask_human", "run_in_process", "show_interrupt"]
+
+Decide = Callable[[Part], bool]
+
+
+def ask_human(approve: bool | None) -> Decide:
+    """A decision function: the flag when given, else a question on the terminal."""
+
+    def decide(part: Part) -> bool:
+        if approve is not None:
+            return approve
+        if not sys.stdin.isatty():
+            click.echo("  (no terminal to ask: approving; pass --deny to decline)")
+            return True
+        return click.confirm("  Approve this transfer?", default=False)
+
+    return decide
+
+
+def show_interrupt(part: Part) -> None:
+    req = part.tool_request
+    assert req is not None
+    payload = part.meta("interrupt") or {}
+    details = payload.get("details") or payload.get("message") or payload
+    click.echo(f"⏸  interrupted: {req.name} (ref {req.ref}) asks: {details}")
+
+
+def run_in_process(text: str, decide: Decide) -> AgentOutput:
+    """The seed's single-turn flow: run, answer every interrupt, resume until done."""
+    from examples.banking import ApprovalReply, bankingAgent, transferMoney
+
+    click.echo(f"▶  user: {text}")
+    out = bankingAgent.run_text(text)
+    while out.finish_reason == "interrupted":
+        restarts = []
+        for part in out.interrupts:
+            show_interrupt(part)
+            approved = decide(part)
+            click.echo(f"   human: {'approve' if approved else 'deny'}")
+            restarts.append(transferMoney.resume(part, ApprovalReply(approved=approved)))
+        click.echo("▶  resume: restart transferMoney with the human's reply")
+        out = bankingAgent.run(ToolResume(restart=restarts), session_id=out.session_id)
+    click.echo(f"✔  {out.finish_reason.value}: {out.text}")
+    return out
+
+
+def _hop(text: str) -> None:
+    click.echo(text)
+
+
+def run_on_queues(
+    text: str,
+    decide: Decide,
+    *,
+    broker: str | None = None,
+    store: str | None = None,
+    timeout: float = 60.0,
+) -> dict[str, object]:
+    """The banking flow through the queues: submit → turn.interrupted → decision →
+    decision.accepted → turn.completed. With no `broker`, everything runs here: an
+    in-memory broker, an embedded worker, the resume consumer and a SQLite store."""
+    import tempfile
+    import threading
+    import uuid
+    from contextlib import ExitStack
+
+    from celery.contrib.testing.worker import start_worker
+
+    from events.publisher import Publisher
+    from events.stream import EventStream
+    from examples.banking import ai
+    from interlock import AgentInput, Message
+    from schemas import Decision, RestartEntry, TurnInterrupted
+
+    from .app import RUN_TURN, create_app, runtime_of
+    from .consumer import ResumeConsumer
+    from .settings import Settings
+    from .turns import new_turn_request
+
+    with ExitStack() as stack:
+        embedded = broker is None
+        if embedded:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="interlock-demo-"))
+            store = store or f"sqlite:///{folder}/interlock.db"
+            broker = "memory://localhost/"
+        settings = Settings.from_env(broker_url=broker, store_url=store, app="examples.banking:ai")
+        app = create_app(settings, ai if embedded else None)
+        rt = runtime_of(app)
+        stack.callback(rt.close)
+        conn = stack.enter_context(rt.connection())
+        events = EventStream.bind(conn, f"interlock.demo.{uuid.uuid4().hex[:8]}", "#")
+        stack.callback(events.close, True)
+        if embedded:
+            _hop(f"·  embedded: broker {broker}, store {store}, worker and resume consumer")
+            stack.enter_context(
+                start_worker(app, pool="solo", perform_ping_check=False, loglevel="WARNING")
+            )
+            consumer = ResumeConsumer(app)
+            thread = threading.Thread(target=consumer.run, daemon=True)
+            thread.start()
+
+            def stop_consumer() -> None:
+                consumer.should_stop = True
+                thread.join(timeout=10)
+
+            stack.callback(stop_consumer)
+
+        session_id = str(uuid.uuid4())
+        request = new_turn_request(
+            "bankingAgent",
+            AgentInput(message=Message(role="user", content=[Part(text=text)])),
+            session_id=session_id,
+        )
+        app.send_task(RUN_TURN, args=[request.model_dump(mode="json")])
+        _hop(f"▶  submit: {text!r} → interlock.turns (turn {request.turn_id[:8]})")
+        publisher = Publisher(conn)
+        in_session = lambda e: e.session_id == session_id  # noqa: E731
+        turn_types = {"turn.interrupted", "turn.completed", "turn.failed", "turn.expired"}
+        event = events.next(timeout, in_session, turn_types)
+        while isinstance(event, TurnInterrupted):
+            _hop(f"◀  turn.interrupted: snapshot {event.snapshot_id}")
+            entries = []
+            for item in event.interrupts:
+                details = item.payload.get("details") or item.payload
+                _hop(f"⏸  {item.name} (ref {item.ref[:8]}) asks: {details}")
+                part = Part.model_validate(
+                    {
+                        "toolRequest": {"name": item.name, "ref": item.ref, "input": item.input},
+                        "metadata": {"interrupt": item.payload},
+                    }
+                )
+                approved = decide(part)
+                _hop(f"   human: {'approve' if approved else 'deny'}")
+                entries.append(
+                    RestartEntry(name=item.name, ref=item.ref, resumed={"approved": approved})
+                )
+            decision = Decision(
+                decision_id=str(uuid.uuid4()),
+                snapshot_id=event.snapshot_id or "",
+                resume_token=event.resume_token or "",
+                reviewer="demo@localhost",
+                restart=list(entries),
+            )
+            publisher.publish_decision(decision)
+            _hop(f"▶  decision {decision.decision_id[:8]} → interlock.decisions")
+            decision_id = decision.decision_id
+            outcome = events.next(
+                timeout,
+                lambda e, d=decision_id: getattr(e, "decision_id", None) == d,  # type: ignore[misc]
+                {"decision.accepted", "decision.rejected"},
+            )
+            _hop(f"◀  {outcome.type}")
+            if outcome.type == "decision.rejected":
+                return outcome.model_dump(mode="json")
+            event = events.next(timeout, in_session, turn_types)
+        result = event.model_dump(mode="json")
+        if event.type == "turn.completed":
+            _hop(f"✔  turn.completed: {result['message']['content'][0].get('text', '')}")
+        else:
+            _hop(f"✘  {event.type}: {result.get('error')}")
+        return {
+            "type": event.type,
+            "session_id": session_id,
+            "snapshot_id": event.snapshot_id,
+            "text": (result.get("message") or {}).get("content", [{}])[0].get("text"),
+        }

@@ -1,0 +1,69 @@
+"""What a worker or a consumer process holds: registry, store, outbox, broker."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from kombu.connection import Connection
+
+from events.decision_log import DecisionLog
+from events.outbox import Outbox, OutboxRelay
+from events.publisher import Publisher
+from interlock import Agent, Interlock, SqlSessionStore
+
+from .loader import load_registry
+from .settings import Settings
+
+__all__ = ["Runtime"]
+
+
+class Runtime:
+    """Everything is built on first use, so a prefork child builds its own after fork."""
+
+    def __init__(self, settings: Settings, registry: Interlock | None = None) -> None:
+        self.settings = settings
+        self._registry = registry
+
+    @cached_property
+    def registry(self) -> Interlock:
+        return self._registry if self._registry is not None else load_registry(self.settings.app)
+
+    @cached_property
+    def store(self) -> SqlSessionStore:
+        return SqlSessionStore(self.settings.store_url)
+
+    @cached_property
+    def outbox(self) -> Outbox:
+        return Outbox(self.store)
+
+    @cached_property
+    def decisions(self) -> DecisionLog:
+        return DecisionLog(self.store.engine)
+
+    def connection(self) -> Connection:
+        """A new broker connection with the shared transport options."""
+        return Connection(
+            self.settings.broker_url, transport_options=self.settings.transport_options
+        )
+
+    @cached_property
+    def publisher(self) -> Publisher:
+        return Publisher(self.connection())
+
+    @cached_property
+    def relay(self) -> OutboxRelay:
+        return OutboxRelay(self.outbox, self.publisher)
+
+    def agent(self, name: str) -> Agent:
+        """The registry's agent `name`, keeping its sessions in this runtime's store."""
+        self.outbox  # noqa: B018 - the outbox must hook the store before any save
+        return self.registry.lookup_agent(name).with_store(self.store)
+
+    def close(self) -> None:
+        if "relay" in self.__dict__:
+            self.relay.stop()
+        if "publisher" in self.__dict__:
+            self.publisher.close()
+            self.publisher.connection.release()
+        if "store" in self.__dict__:
+            self.store.dispose()

@@ -1,0 +1,61 @@
+"""Settings from the environment, each overridable by a command-line flag."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = ["Settings"]
+
+DEFAULT_BROKER = "redis://localhost:6379/0"
+DEFAULT_STORE = "sqlite:///interlock.db"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the broker and the store are, and which module defines the registry."""
+
+    broker_url: str = DEFAULT_BROKER
+    store_url: str = DEFAULT_STORE
+    app: str | None = None
+    secret: str | None = None
+    visibility_timeout: int = 3600
+    relay_interval: float = 5.0
+    heartbeat_file: str | None = None
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Settings:
+        """Read `INTERLOCK_*` variables; non-None `overrides` (flags) win."""
+        env = os.environ
+        base = cls(
+            broker_url=env.get("INTERLOCK_BROKER_URL", DEFAULT_BROKER),
+            store_url=env.get("INTERLOCK_STORE_URL", DEFAULT_STORE),
+            app=env.get("INTERLOCK_APP") or None,
+            secret=env.get("INTERLOCK_SECRET") or None,
+            visibility_timeout=int(env.get("INTERLOCK_VISIBILITY_TIMEOUT", "3600")),
+            relay_interval=float(env.get("INTERLOCK_RELAY_INTERVAL", "5")),
+            heartbeat_file=env.get("INTERLOCK_HEARTBEAT_FILE") or None,
+        )
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as `INTERLOCK_*` variables, for a child process."""
+        env = {
+            "INTERLOCK_BROKER_URL": self.broker_url,
+            "INTERLOCK_STORE_URL": self.store_url,
+            "INTERLOCK_VISIBILITY_TIMEOUT": str(self.visibility_timeout),
+            "INTERLOCK_RELAY_INTERVAL": str(self.relay_interval),
+        }
+        if self.app:
+            env["INTERLOCK_APP"] = self.app
+        if self.secret:
+            env["INTERLOCK_SECRET"] = self.secret
+        if self.heartbeat_file:
+            env["INTERLOCK_HEARTBEAT_FILE"] = self.heartbeat_file
+        return env
+
+    @property
+    def transport_options(self) -> dict[str, Any]:
+        """Options every kombu/Celery client of the broker must share."""
+        return {"visibility_timeout": self.visibility_timeout}
