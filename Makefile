@@ -35,6 +35,9 @@ format: $(STAMP) ## apply ruff format and autofixes
 typecheck: $(STAMP) ## mypy strict on the packages
 	$(BIN)/mypy
 
+schemas: $(STAMP) ## regenerate docs/schemas from the message models
+	$(BIN)/interlock schemas --out docs/schemas
+
 check: lint typecheck test ## lint, typecheck and test
 
 clean: ## remove the venv and caches

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -82,6 +83,7 @@ class Publisher:
             "reason": reason,
             "headers": {k: str(v) for k, v in headers.items()},
             "body": body.decode("utf-8", errors="replace"),
+            "body_base64": base64.b64encode(body).decode(),
         }
         self._publish(
             json.dumps(envelope),

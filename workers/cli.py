@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from kombu.connection import Connection
 
-from interlock import AgentInput, InterlockError, Message, Part, StatusError, status_of
+from interlock import AgentInput, InterlockError, Message, Part, Status, StatusError, status_of
 
 from .settings import Settings
 
@@ -285,60 +286,95 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
 @main.command()
 @click.argument("snapshot_id")
 @broker_option
+@store_option
 @click.option(
     "--token",
     "resume_token",
     envvar="INTERLOCK_RESUME_TOKEN",
     required=True,
-    help="The resume_token of the turn.interrupted event.",
+    help="The resume_token of the turn.interrupted event. [env: INTERLOCK_RESUME_TOKEN]",
 )
-@click.option("--approve", "verdict", flag_value="approve", help="Approve every interrupt.")
-@click.option("--deny", "verdict", flag_value="deny", help="Deny every interrupt.")
-@click.option("--respond", "respond_json", help="Respond to every interrupt with this output JSON.")
+@click.option(
+    "--approve",
+    "verdict",
+    flag_value="approve",
+    help='Restart each interrupt with {"approved": true}.',
+)
+@click.option(
+    "--deny", "verdict", flag_value="deny", help='Restart each interrupt with {"approved": false}.'
+)
+@click.option(
+    "--respond",
+    "respond_json",
+    metavar="JSON",
+    help="Respond to each interrupt with this tool output (the tool does not run).",
+)
 @click.option(
     "--ref",
     "refs",
     multiple=True,
-    required=True,
-    help="Ref of an interrupt to answer (repeat for each). Use `interlock pending`.",
+    help="Answer this interrupt (repeatable). Default: every pending one, read from the store.",
 )
-@click.option("--name", "tool_name", default="transferMoney", show_default=True, help="Tool name.")
-@click.option("--reviewer", default=None, help="Who decides (recorded in the audit trail).")
-@click.option("--feedback", default=None, help="Feedback passed with an approval or denial.")
+@click.option("--feedback", default=None, help="Feedback sent with --approve/--deny.")
+@click.option("--reviewer", default=None, help="Who decides (kept in the audit trail).")
 @clear_errors
 def decide(
     snapshot_id: str,
     broker: str | None,
+    store: str | None,
     resume_token: str,
     verdict: str | None,
     respond_json: str | None,
     refs: tuple[str, ...],
-    tool_name: str,
-    reviewer: str | None,
     feedback: str | None,
+    reviewer: str | None,
 ) -> None:
-    """Publish a decision for a paused turn; prints {"decision_id"}."""
-    from kombu.connection import Connection
+    """Publish a decision on a paused turn; prints {"decision_id", "snapshot_id"}.
 
+    The resume consumer checks it and publishes decision.accepted or decision.rejected."""
     from events.publisher import Publisher
+    from interlock import SqlSessionStore
+    from interlock.resume import pending_interrupts
     from schemas import Decision, RespondEntry, RestartEntry
 
     if (verdict is None) == (respond_json is None):
         raise click.UsageError("give exactly one of --approve, --deny, --respond JSON")
-    decision_id = str(uuid.uuid4())
-    respond_entries: list[RespondEntry | Part] = []
-    restart_entries: list[RestartEntry | Part] = []
+    output: Any = None
     if respond_json is not None:
         try:
             output = json.loads(respond_json)
         except ValueError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--respond") from None
-        respond_entries = [RespondEntry(name=tool_name, ref=r, output=output) for r in refs]
-    else:
-        resumed: dict[str, Any] = {"approved": verdict == "approve"}
-        if feedback:
-            resumed["feedback"] = feedback
-        restart_entries = [RestartEntry(name=tool_name, ref=r, resumed=resumed) for r in refs]
+    settings = settings_of(broker=broker, store=store)
+    sql = SqlSessionStore(settings.store_url)
+    try:
+        snap = sql.get_snapshot(snapshot_id)
+    finally:
+        sql.dispose()
+    if snap is None:
+        raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found in the store")
+    names = {
+        p.tool_request.ref: p.tool_request.name
+        for p in pending_interrupts(snap.messages)
+        if p.tool_request is not None and p.tool_request.ref is not None
+    }
+    wanted = list(refs) or list(names)
+    if not wanted:
+        raise StatusError(
+            Status.FAILED_PRECONDITION, f"snapshot {snapshot_id} has no pending interrupt"
+        )
+    respond_entries: list[RespondEntry | Part] = []
+    restart_entries: list[RestartEntry | Part] = []
+    for ref in wanted:
+        name = names.get(ref, "?")
+        if respond_json is not None:
+            respond_entries.append(RespondEntry(name=name, ref=ref, output=output))
+        else:
+            resumed: dict[str, Any] = {"approved": verdict == "approve"}
+            if feedback:
+                resumed["feedback"] = feedback
+            restart_entries.append(RestartEntry(name=name, ref=ref, resumed=resumed))
+    decision_id = str(uuid.uuid4())
     decision = Decision(
         decision_id=decision_id,
         snapshot_id=snapshot_id,
@@ -347,10 +383,9 @@ def decide(
         respond=respond_entries,
         restart=restart_entries,
     )
-    settings = settings_of(broker=broker)
     with Connection(settings.broker_url, transport_options=settings.transport_options) as conn:
         Publisher(conn).publish_decision(decision)
-    emit({"decision_id": decision_id, "snapshot_id": snapshot_id})
+    emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
 
 
 @main.command()
@@ -391,3 +426,100 @@ def demo(
     emit(result)
     if result.get("type") != "turn.completed":
         raise StatusError(message=f"the demo ended with {result.get('type')}")
+
+
+@main.command()
+@store_option
+@clear_errors
+def migrate(store: str | None) -> None:
+    """Create the store's tables (snapshots, messages, outbox, decisions) if missing."""
+    from events.decision_log import DecisionLog
+    from events.outbox import Outbox
+    from interlock import SqlSessionStore
+
+    settings = settings_of(store=store)
+    sql = SqlSessionStore(settings.store_url)
+    try:
+        Outbox(sql)
+        DecisionLog(sql.engine)
+        from sqlalchemy import inspect
+
+        tables = sorted(
+            t for t in inspect(sql.engine).get_table_names() if t.startswith("interlock_")
+        )
+    finally:
+        sql.dispose()
+    emit({"store": redact(settings.store_url), "tables": tables})
+
+
+@main.command()
+@broker_option
+@store_option
+@click.option("--heartbeat-file", help="Also require this file to have been touched recently.")
+@click.option("--max-age", default=30.0, show_default=True, help="Seconds, with --heartbeat-file.")
+@clear_errors
+def health(
+    broker: str | None, store: str | None, heartbeat_file: str | None, max_age: float
+) -> None:
+    """Check the broker, the store and (optionally) a heartbeat file; exit 1 if any fails."""
+    import time
+    from pathlib import Path
+
+    from sqlalchemy import create_engine, text
+
+    settings = settings_of(broker=broker, store=store)
+    report: dict[str, Any] = {}
+    try:
+        with Connection(settings.broker_url, connect_timeout=5) as conn:
+            conn.ensure_connection(max_retries=1)
+        report["broker"] = "ok"
+    except Exception as exc:
+        report["broker"] = f"error: {exc}"
+    try:
+        engine = create_engine(settings.store_url)
+        with engine.connect() as db:
+            db.execute(text("SELECT 1"))
+        engine.dispose()
+        report["store"] = "ok"
+    except Exception as exc:
+        report["store"] = f"error: {exc}"
+    if heartbeat_file:
+        path = Path(heartbeat_file)
+        age = time.time() - path.stat().st_mtime if path.exists() else None
+        report["heartbeat_age"] = round(age, 1) if age is not None else None
+        report["heartbeat"] = "ok" if age is not None and age <= max_age else "stale"
+    emit(report)
+    if any(v != "ok" for k, v in report.items() if k != "heartbeat_age"):
+        sys.exit(1)
+
+
+@main.command()
+@click.option(
+    "--out",
+    "out_dir",
+    default="docs/schemas",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the .schema.json files go.",
+)
+@click.option("--check", is_flag=True, help="Exit 1 if the files differ from the models.")
+def schemas(out_dir: str, check: bool) -> None:
+    """Write (or --check) the JSON Schema of every queue message."""
+    from pathlib import Path
+
+    from schemas.json_schema import message_schemas, render
+
+    folder = Path(out_dir)
+    stale = []
+    for name, schema in sorted(message_schemas().items()):
+        path = folder / name
+        text = render(schema)
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if stale:
+        fail("schemas are out of date (run `make schemas`): " + ", ".join(stale))
+    emit({"schemas": str(folder), "checked" if check else "written": len(message_schemas())})

@@ -1,0 +1,61 @@
+"""JSON Schemas of every queue message, generated from the models."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+from .decisions import Decision, TurnRequest
+from .events import (
+    DecisionAccepted,
+    DecisionRejected,
+    TurnCompleted,
+    TurnExpired,
+    TurnFailed,
+    TurnInterrupted,
+    event_adapter,
+)
+
+__all__ = ["MESSAGES", "message_schemas", "render"]
+
+MESSAGES: dict[str, type[BaseModel]] = {
+    "decision": Decision,
+    "turn.interrupted": TurnInterrupted,
+    "turn.completed": TurnCompleted,
+    "turn.failed": TurnFailed,
+    "turn.expired": TurnExpired,
+    "decision.accepted": DecisionAccepted,
+    "decision.rejected": DecisionRejected,
+    "run_turn": TurnRequest,
+}
+
+
+def _always_present(schema: dict[str, Any]) -> None:
+    """Events carry every field (null where unknown): mark them all required."""
+    if "properties" in schema:
+        schema["required"] = sorted(schema["properties"])
+
+
+def message_schemas() -> dict[str, dict[str, Any]]:
+    """File name → JSON Schema, for each message and for the union of events."""
+    out = {}
+    for name, model in MESSAGES.items():
+        schema = model.model_json_schema(mode="validation")
+        if name.startswith(("turn.", "decision.")):
+            _always_present(schema)
+        out[f"{name}.schema.json"] = schema
+    union = event_adapter.json_schema(mode="validation")
+    for title, sub in union.get("$defs", {}).items():
+        if title.startswith(("Turn", "Decision")):
+            _always_present(sub)
+    out["event.schema.json"] = union
+    for name, schema in out.items():
+        schema["$id"] = f"https://interlock.dev/schemas/{name}"
+        schema.setdefault("$schema", "https://json-schema.org/draft/2020-12/schema")
+    return out
+
+
+def render(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,75 @@
+"""compose.yaml: every service is there, wired by the documented variables, and every
+`interlock` command it runs exists in the CLI with the options it passes."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from workers.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def _commands(value: Any) -> list[list[str]]:
+    """The `interlock ...` invocations in a compose command or healthcheck."""
+    if value is None:
+        return []
+    words = value if isinstance(value, list) else shlex.split(value)
+    if words and words[0] == "CMD":
+        words = words[1:]
+    if words[:2] == ["sh", "-c"]:
+        out = []
+        for piece in words[2].split("&&"):
+            out.extend(_commands(shlex.split(piece)))
+        return out
+    return [words] if words and words[0] == "interlock" else []
+
+
+def _invocations() -> list[tuple[str, list[str]]]:
+    found = []
+    for name, service in COMPOSE["services"].items():
+        for cmd in _commands(service.get("command")):
+            found.append((name, cmd))
+        for cmd in _commands((service.get("healthcheck") or {}).get("test")):
+            found.append((name, cmd))
+    return found
+
+
+def test_services_present() -> None:
+    services = COMPOSE["services"]
+    assert {"redis", "postgres", "migrate", "worker", "resume-consumer"} <= set(services)
+    redis_cmd = " ".join(services["redis"]["command"])
+    assert "--appendonly yes" in redis_cmd
+    assert "--maxmemory-policy noeviction" in redis_cmd
+    for name in ("redis", "postgres", "worker", "resume-consumer"):
+        assert services[name].get("healthcheck"), f"{name} has no health check"
+    env = services["worker"]["environment"]
+    for var in ("INTERLOCK_APP", "INTERLOCK_BROKER_URL", "INTERLOCK_STORE_URL", "INTERLOCK_SECRET"):
+        assert var in env
+    consumer_check = " ".join(services["resume-consumer"]["healthcheck"]["test"])
+    assert "--heartbeat-file" in consumer_check
+
+
+def test_every_service_runs_interlock() -> None:
+    names = {name for name, _ in _invocations()}
+    assert {"migrate", "worker", "resume-consumer"} <= names
+
+
+@pytest.mark.parametrize(("service", "argv"), _invocations(), ids=lambda v: str(v)[:40])
+def test_command_exists_in_cli(service: str, argv: list[str]) -> None:
+    assert isinstance(main, click.Group)
+    sub = main.commands.get(argv[1])
+    assert sub is not None, f"{service}: `interlock {argv[1]}` is not a command"
+    known = {opt for p in sub.params for opt in getattr(p, "opts", [])}
+    flags = [a for a in argv[2:] if a.startswith("--")]
+    unknown = [f for f in flags if f.split("=")[0] not in known]
+    assert not unknown, f"{service}: `interlock {argv[1]}` has no option {unknown}"
+    ctx = sub.make_context(argv[1], list(argv[2:]), resilient_parsing=False)
+    assert ctx.params is not None

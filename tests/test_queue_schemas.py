@@ -1,0 +1,90 @@
+"""The JSON Schemas in docs/schemas are current, and real messages validate against them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from schemas import (
+    Decision,
+    DecisionRejected,
+    ErrorInfo,
+    FinishReason,
+    InterruptInfo,
+    Message,
+    Part,
+    RestartEntry,
+    Status,
+    TurnCompleted,
+    TurnInterrupted,
+)
+from schemas.json_schema import message_schemas, render
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "schemas"
+
+
+def load(name: str) -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads((DOCS / name).read_text())
+    return schema
+
+
+@pytest.mark.parametrize("name", sorted(message_schemas()))
+def test_checked_in_schema_is_current(name: str) -> None:
+    path = DOCS / name
+    assert path.exists(), f"{path} is missing: run `make schemas`"
+    assert path.read_text() == render(message_schemas()[name]), "run `make schemas`"
+
+
+def test_docs_name_every_schema() -> None:
+    text = (DOCS.parent / "queues.md").read_text()
+    for name in message_schemas():
+        assert f"schemas/{name}" in text, f"docs/queues.md does not link {name}"
+
+
+def test_events_validate() -> None:
+    message = Message(role="model", content=[Part(text="done")])
+    completed = TurnCompleted(
+        agent="a",
+        session_id="s",
+        snapshot_id="p",
+        turn_id="t",
+        finish_reason=FinishReason.STOP,
+        message=message,
+    )
+    interrupted = TurnInterrupted(
+        agent="a",
+        session_id="s",
+        snapshot_id="p",
+        turn_id="t",
+        resume_token="tok",
+        interrupts=[InterruptInfo(name="transferMoney", ref="r", input={"amount": 1}, payload={})],
+        message=message,
+    )
+    rejected = DecisionRejected(error=ErrorInfo(status=Status.INVALID_ARGUMENT, message="bad"))
+    for event, name in (
+        (completed, "turn.completed"),
+        (interrupted, "turn.interrupted"),
+        (rejected, "decision.rejected"),
+    ):
+        body = json.loads(event.model_dump_json())
+        jsonschema.validate(body, load(f"{name}.schema.json"))
+        jsonschema.validate(body, load("event.schema.json"))
+
+
+def test_decision_validates_and_bad_one_does_not() -> None:
+    decision = Decision(
+        decision_id="d",
+        snapshot_id="s",
+        resume_token="t",
+        restart=[RestartEntry(name="transferMoney", ref="r", resumed={"approved": True})],
+    )
+    schema = load("decision.schema.json")
+    jsonschema.validate(json.loads(decision.model_dump_json()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"schema_version": 1, "snapshot_id": "s"}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"schema_version": 2, "decision_id": "d", "snapshot_id": "s"}, schema)
