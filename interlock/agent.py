@@ -140,7 +140,12 @@ class Agent:
         except Exception as exc:
             self._record_failure(base, turn, exc, claim)
             raise
-        return self._finish(base, turn, result, on_chunk)
+        try:
+            return self._finish(base, turn, result, on_chunk)
+        except Exception:
+            if claim is not None and self.store is not None and base.snapshot is not None:
+                self.store.release(base.snapshot.snapshot_id, claim)
+            raise
 
     def validate_resume(
         self,
@@ -245,10 +250,20 @@ class Agent:
 
     def _check_not_paused(self, base: _Base) -> None:
         snap = base.snapshot
-        if snap is None or not snap.is_interrupted or snap.status != SnapshotStatus.COMPLETED:
+        if snap is not None and snap.status != SnapshotStatus.COMPLETED:
+            raise StatusError(
+                Status.FAILED_PRECONDITION,
+                f"snapshot {snap.snapshot_id} is {snap.status.value} and cannot be continued; "
+                "it is kept for inspection",
+            )
+        if snap is None or not snap.is_interrupted:
             return
         if snap.resumed_by is not None and not base.from_state:
-            return  # answered; its resume is under way
+            raise StatusError(
+                Status.FAILED_PRECONDITION,
+                f"session {base.session_id} is being resumed (snapshot {snap.snapshot_id}): "
+                "send the next message once that turn has ended",
+            )
         waiting = ", ".join(
             f"{p.tool_request.name} (ref {p.tool_request.ref})"
             for p in pending_interrupts(snap.messages)

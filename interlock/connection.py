@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import uuid
 from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -33,6 +34,8 @@ class Connection:
         state: str | None = None,
     ) -> None:
         self.agent = agent
+        if agent.store is not None and session_id is None and snapshot_id is None:
+            session_id = str(uuid.uuid4())  # one session, even if the first turn fails
         self.session_id = session_id
         self.snapshot_id = snapshot_id
         self.state = state

@@ -1,0 +1,750 @@
+"""Every rejection of semantics.md §4 (and the addressing rules of §6), with its status."""
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from examples.banking import ApprovalReply, TransferOutput, bankingAgent, transferMoney
+from interlock import (
+    AgentOutput,
+    FinishReason,
+    InMemorySessionStore,
+    Interlock,
+    Message,
+    ModelRequest,
+    Part,
+    ResumeValidationError,
+    SnapshotNotFoundError,
+    SnapshotStatus,
+    Status,
+    StatusError,
+    ToolFailedError,
+    ToolRequest,
+    ToolResponse,
+    ToolResume,
+    interrupt,
+    respond,
+    restart,
+    scripted,
+)
+
+
+class Num(BaseModel):
+    n: int
+
+
+class Answer(BaseModel):
+    ok: bool
+
+
+class Result(BaseModel):
+    value: int
+
+
+def summarize(request: ModelRequest) -> Message:
+    last = request.messages[-1]
+    outputs = [p.tool_response.output for p in last.content if p.tool_response is not None]
+    return scripted.text("results: " + json.dumps(outputs))
+
+
+class Rig:
+    """An agent whose model calls `gate` once per given input, all at once."""
+
+    def __init__(self, *inputs: dict[str, Any], store: Any = "memory") -> None:
+        self.ai = Interlock(secret="test")
+        self.runs: list[Answer | None] = []
+        self.fail_next_restart = False
+
+        @self.ai.interruptible_tool(name="gate", description="asks first")
+        def gate(inp: Num, res: Answer | None) -> Result:
+            self.runs.append(res)
+            if res is None:
+                interrupt({"n": inp.n})
+            if self.fail_next_restart:
+                self.fail_next_restart = False
+                raise RuntimeError("downstream is down")
+            return Result(value=inp.n)
+
+        self.gate = gate
+        calls = [scripted.tool_call("gate", i, ref=f"ref-{k}") for k, i in enumerate(inputs)]
+
+        def model(request: ModelRequest) -> Message:
+            if request.messages[-1].role == "user":
+                return scripted.reply(*calls)
+            return summarize(request)
+
+        scripted.define(self.ai, "rig", model)
+        self.store = InMemorySessionStore() if store == "memory" else store
+        self.agent = self.ai.define_agent(
+            "rig", model="scripted/rig", tools=[gate], store=self.store
+        )
+
+    def paused(self) -> AgentOutput:
+        out = self.agent.run_text("go")
+        assert out.finish_reason is FinishReason.INTERRUPTED
+        return out
+
+    def snapshot_count(self) -> int:
+        return len(self.store.list_snapshots()) if self.store is not None else 0
+
+
+def rejects(
+    status: Status,
+    fragment: str,
+    fn: Any,
+    *args: Any,
+    error: type[StatusError] = StatusError,
+    **kwargs: Any,
+) -> StatusError:
+    with pytest.raises(error) as info:
+        fn(*args, **kwargs)
+    assert info.value.status is status, info.value
+    assert fragment in info.value.message, info.value.message
+    return info.value
+
+
+# -- rule 1: name and ref ---------------------------------------------------------------------
+
+
+def test_wrong_ref_not_found_in_history() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    part = out.interrupts[0]
+    assert part.tool_request is not None
+    forged = part.model_copy(
+        update={"tool_request": part.tool_request.model_copy(update={"ref": "nope"})}
+    )
+    err = rejects(
+        Status.INVALID_ARGUMENT,
+        "respond for tool 'gate' ref nope not found in session history",
+        rig.agent.run,
+        ToolResume(respond=[rig.gate.respond(forged, {"value": 1})]),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+    assert isinstance(err, ResumeValidationError)
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "restart for tool 'gate' ref nope not found in session history",
+        rig.agent.run,
+        ToolResume(restart=[rig.gate.resume(forged, Answer(ok=True))]),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+    assert rig.runs == [None]
+
+
+def test_ref_of_another_tool_name() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    part = out.interrupts[0]
+    assert part.tool_request is not None
+    renamed = part.model_copy(
+        update={"tool_request": part.tool_request.model_copy(update={"name": "other"})}
+    )
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "names tool 'other', but the pending interrupt is for 'gate'",
+        rig.agent.run,
+        ToolResume(respond=[respond(renamed, {"value": 1})]),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+
+
+def test_stale_ref_from_an_earlier_turn() -> None:
+    first = bankingAgent.run_text("Transfer $1 to alice")
+    old = first.interrupts[0]
+    done = bankingAgent.run(
+        ToolResume(respond=[transferMoney.respond(old, TransferOutput(success=True))]),
+        session_id=first.session_id,
+    )
+    assert done.finish_reason is FinishReason.STOP
+    second = bankingAgent.run_text("Transfer $2 to bob", session_id=first.session_id)
+    assert second.finish_reason is FinishReason.INTERRUPTED
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "from an earlier turn which is no longer pending",
+        bankingAgent.run,
+        ToolResume(respond=[transferMoney.respond(old, TransferOutput(success=True))]),
+        session_id=first.session_id,
+        error=ResumeValidationError,
+    )
+
+
+def test_stale_ref_after_repause() -> None:
+    out = bankingAgent.run_text("Transfer $1 to a then $2 to b")
+    old = out.interrupts[0]
+    again = bankingAgent.run(
+        ToolResume(restart=[transferMoney.resume(old, ApprovalReply(approved=True))]),
+        session_id=out.session_id,
+    )
+    assert again.finish_reason is FinishReason.INTERRUPTED
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "no longer pending",
+        bankingAgent.run,
+        ToolResume(restart=[transferMoney.resume(old, ApprovalReply(approved=True))]),
+        snapshot_id=again.snapshot_id,
+    )
+
+
+# -- rule 2: restart input unchanged ------------------------------------------------------------
+
+
+def test_modified_restart_input_is_rejected() -> None:
+    out = bankingAgent.run_text("Transfer $500 to savings.")
+    reply = transferMoney.resume(out.interrupts[0], ApprovalReply(approved=True))
+    assert reply.tool_request is not None
+    tampered = reply.model_copy(
+        update={
+            "tool_request": reply.tool_request.model_copy(
+                update={"input": {"amount": 50000, "toAccount": "savings"}}
+            )
+        }
+    )
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "changed its input; a restart must keep the original input",
+        bankingAgent.run,
+        ToolResume(restart=[tampered]),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+    # nothing was claimed: the right answer still goes through
+    final = bankingAgent.run(ToolResume(restart=[reply]), session_id=out.session_id)
+    assert final.finish_reason is FinishReason.STOP
+
+
+def test_restart_input_compared_as_normalized_json() -> None:
+    rig = Rig({"n": 5})
+    out = rig.paused()
+    reply = rig.gate.resume(out.interrupts[0], Answer(ok=True))
+    assert reply.tool_request is not None
+    as_float = reply.model_copy(
+        update={"tool_request": reply.tool_request.model_copy(update={"input": {"n": 5.0}})}
+    )
+    final = rig.agent.run(ToolResume(restart=[as_float]), session_id=out.session_id)
+    assert final.text == 'results: [{"value": 5}]'
+
+
+def test_restart_input_true_is_not_one() -> None:
+    ai = Interlock()
+
+    @ai.interruptible_tool(name="flag", description="")
+    def flag(inp: dict[str, Any], res: dict[str, Any] | None) -> dict[str, Any]:
+        if res is None:
+            interrupt({"why": "x"})
+        return {"ok": True}
+
+    scripted.define(
+        ai,
+        "m",
+        [scripted.reply(scripted.tool_call("flag", {"on": True, "a": {"b": 1}})), "done"],
+    )
+    agent = ai.define_agent("f", model="scripted/m", tools=[flag], store=InMemorySessionStore())
+    out = agent.run_text("go")
+    reply = flag.resume(out.interrupts[0], {"go": 1})
+    assert reply.tool_request is not None
+
+    def with_input(value: Any) -> Part:
+        assert reply.tool_request is not None
+        return reply.model_copy(
+            update={"tool_request": reply.tool_request.model_copy(update={"input": value})}
+        )
+
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "changed its input",
+        agent.run,
+        ToolResume(restart=[with_input({"on": 1, "a": {"b": 1}})]),
+        session_id=out.session_id,
+    )
+    # key order does not matter
+    final = agent.run(
+        ToolResume(restart=[with_input({"a": {"b": 1.0}, "on": True})]),
+        session_id=out.session_id,
+    )
+    assert final.text == "done"
+
+
+# -- rule 3: partial answers --------------------------------------------------------------------
+
+
+def test_partial_answer_is_rejected_and_changes_nothing() -> None:
+    rig = Rig({"n": 1}, {"n": 2})
+    out = rig.paused()
+    a, b = out.interrupts
+    before = rig.snapshot_count()
+    err = rejects(
+        Status.INVALID_ARGUMENT,
+        "resume must answer every pending interrupt at once; not answered: gate (ref ref-1)",
+        rig.agent.run,
+        ToolResume(restart=[rig.gate.resume(a, Answer(ok=True))]),
+        snapshot_id=out.snapshot_id,
+        error=ResumeValidationError,
+    )
+    assert isinstance(err, ResumeValidationError)
+    assert rig.runs == [None, None]  # nothing ran
+    assert rig.snapshot_count() == before  # nothing was written
+    snap = rig.store.get_snapshot(out.snapshot_id or "")
+    assert snap is not None and snap.resumed_by is None  # nothing was claimed
+    final = rig.agent.run(
+        ToolResume(
+            restart=[rig.gate.resume(a, Answer(ok=True))],
+            respond=[rig.gate.respond(b, {"value": 20})],
+        ),
+        snapshot_id=out.snapshot_id,
+    )
+    assert final.text == 'results: [{"value": 1}, {"value": 20}]'
+
+
+# -- rule 4: hand-rolled parts ------------------------------------------------------------------
+
+
+def test_hand_rolled_respond_part_is_rejected() -> None:
+    out = bankingAgent.run_text("Transfer $500 to savings.")
+    req = out.interrupts[0].tool_request
+    assert req is not None
+    hand_rolled = Part(
+        tool_response=ToolResponse(
+            name=req.name, ref=req.ref, output={"success": True, "transactionId": "forged"}
+        )
+    )
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "a hand-rolled part is rejected",
+        bankingAgent.run,
+        ToolResume(respond=[hand_rolled]),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+
+
+def test_hand_rolled_restart_part_is_rejected() -> None:
+    out = bankingAgent.run_text("Transfer $500 to savings.")
+    req = out.interrupts[0].tool_request
+    assert req is not None
+    hand_rolled = Part(tool_request=ToolRequest(name=req.name, ref=req.ref, input=req.input))
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "built with resume()/restart() from the interrupt part; a hand-rolled part is rejected",
+        bankingAgent.run,
+        ToolResume(restart=[hand_rolled]),
+        session_id=out.session_id,
+    )
+    # a respond part put in the restart list is no restart either
+    answer = transferMoney.respond(out.interrupts[0], TransferOutput(success=True))
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "hand-rolled part is rejected",
+        bankingAgent.run,
+        ToolResume(restart=[answer]),
+        session_id=out.session_id,
+    )
+
+
+def test_respond_output_checked_against_out_type() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    wrong = respond(out.interrupts[0], {"value": "not a number"})
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "invalid output for tool 'gate'",
+        rig.agent.run,
+        ToolResume(respond=[wrong]),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+
+
+def test_restart_resume_data_checked_against_resume_type() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    wrong = restart(out.interrupts[0], {"ok": "perhaps"})
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "invalid resume data for tool 'gate'",
+        rig.agent.run,
+        ToolResume(restart=[wrong]),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+    assert rig.runs == [None]
+
+
+# -- rule 5: duplicates, empty, both lists ------------------------------------------------------
+
+
+def test_same_ref_twice_in_one_list() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    part = out.interrupts[0]
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "respond lists ref ref-0 twice",
+        rig.agent.run,
+        ToolResume(respond=[rig.gate.respond(part, {"value": 1})] * 2),
+        session_id=out.session_id,
+    )
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "restart lists ref ref-0 twice",
+        rig.agent.run,
+        ToolResume(
+            restart=[
+                rig.gate.resume(part, Answer(ok=True)),
+                rig.gate.resume(part, Answer(ok=False)),
+            ]
+        ),
+        session_id=out.session_id,
+    )
+    assert rig.runs == [None]
+
+
+def test_empty_resume_is_rejected() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "resume answers nothing",
+        rig.agent.run,
+        ToolResume(),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+
+
+def test_same_ref_in_both_lists_respond_wins() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    part = out.interrupts[0]
+    final = rig.agent.run(
+        ToolResume(
+            respond=[rig.gate.respond(part, {"value": 42})],
+            restart=[rig.gate.resume(part, Answer(ok=True))],
+        ),
+        session_id=out.session_id,
+    )
+    assert final.text == 'results: [{"value": 42}]'
+    assert rig.runs == [None]  # the restart did not run
+
+
+# -- rule 6: snapshot status, resumed once ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "status",
+    [SnapshotStatus.PENDING, SnapshotStatus.FAILED, SnapshotStatus.ABORTED, SnapshotStatus.EXPIRED],
+)
+def test_only_completed_snapshots_resume(status: SnapshotStatus) -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    snap = rig.store.get_snapshot(out.snapshot_id or "")
+    assert snap is not None
+    rig.store.save_snapshot(snap.model_copy(update={"snapshot_id": "by-hand", "status": status}))
+    rejects(
+        Status.FAILED_PRECONDITION,
+        f"snapshot by-hand is {status.value} and cannot be resumed",
+        rig.agent.run,
+        ToolResume(respond=[rig.gate.respond(out.interrupts[0], {"value": 1})]),
+        snapshot_id="by-hand",
+        error=ResumeValidationError,
+    )
+    # status is checked before the parts
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "cannot be resumed",
+        rig.agent.run,
+        ToolResume(),
+        snapshot_id="by-hand",
+    )
+    # nor does a new message continue it
+    count = rig.snapshot_count()
+    rejects(
+        Status.FAILED_PRECONDITION,
+        f"snapshot by-hand is {status.value} and cannot be continued",
+        rig.agent.run_text,
+        "start over",
+        snapshot_id="by-hand",
+    )
+    assert rig.runs == [None]
+    assert rig.snapshot_count() == count
+
+
+def test_second_resume_of_the_same_snapshot_is_refused() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    reply = rig.gate.respond(out.interrupts[0], {"value": 7})
+    first = rig.agent.run(ToolResume(respond=[reply]), snapshot_id=out.snapshot_id)
+    assert first.finish_reason is FinishReason.STOP
+    count = rig.snapshot_count()
+    rejects(
+        Status.FAILED_PRECONDITION,
+        f"snapshot {out.snapshot_id} was already resumed",
+        rig.agent.run,
+        ToolResume(respond=[reply]),
+        snapshot_id=out.snapshot_id,
+        error=ResumeValidationError,
+    )
+    # already-resumed is checked before the parts
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "already resumed",
+        rig.agent.run,
+        ToolResume(),
+        snapshot_id=out.snapshot_id,
+    )
+    assert rig.snapshot_count() == count
+    # by session id, the session has moved on: nothing is paused any more
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "is not interrupted: nothing to resume",
+        rig.agent.run,
+        ToolResume(respond=[reply]),
+        session_id=out.session_id,
+    )
+
+
+def test_claimed_snapshot_refuses_another_resume() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    assert rig.store.claim(out.snapshot_id or "", "reviewer-1")
+    reply = rig.gate.respond(out.interrupts[0], {"value": 7})
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "already resumed",
+        rig.agent.run,
+        ToolResume(respond=[reply]),
+        snapshot_id=out.snapshot_id,
+    )
+    # the holder of the claim runs it (the queue path)
+    rig.agent.validate_resume(
+        ToolResume(respond=[reply]), snapshot_id=out.snapshot_id, claimed_by="reviewer-1"
+    )
+    final = rig.agent.run(
+        ToolResume(respond=[reply]), snapshot_id=out.snapshot_id, claimed_by="reviewer-1"
+    )
+    assert final.text == 'results: [{"value": 7}]'
+
+
+def test_validate_resume_writes_nothing() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    reply = rig.gate.resume(out.interrupts[0], Answer(ok=True))
+    count = rig.snapshot_count()
+    assert (
+        rig.agent.validate_resume(ToolResume(restart=[reply]), snapshot_id=out.snapshot_id) is None
+    )
+    assert rig.snapshot_count() == count and rig.runs == [None]
+    snap = rig.store.get_snapshot(out.snapshot_id or "")
+    assert snap is not None and snap.resumed_by is None
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "input is not a resume",
+        rig.agent.validate_resume,
+        Message(role="user", content=[Part(text="hi")]),
+        snapshot_id=out.snapshot_id,
+    )
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "resume answers nothing",
+        rig.agent.validate_resume,
+        ToolResume(),
+        snapshot_id=out.snapshot_id,
+    )
+
+
+def test_unknown_snapshot_id() -> None:
+    rig = Rig({"n": 1})
+    err = rejects(
+        Status.NOT_FOUND,
+        "snapshot missing not found",
+        rig.agent.run,
+        ToolResume(),
+        snapshot_id="missing",
+    )
+    assert isinstance(err, SnapshotNotFoundError)
+
+
+def test_resume_on_a_fresh_session_has_nothing_to_resume() -> None:
+    rig = Rig({"n": 1})
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "session fresh has no paused turn to resume",
+        rig.agent.run,
+        ToolResume(),
+        session_id="fresh",
+    )
+
+
+def test_snapshot_of_another_session_or_agent() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "belongs to another session",
+        rig.agent.run,
+        ToolResume(),
+        snapshot_id=out.snapshot_id,
+        session_id="other",
+    )
+    stranger = rig.ai.define_agent("stranger", model="scripted/rig", store=rig.store)
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "belongs to agent 'rig', not 'stranger'",
+        stranger.run,
+        ToolResume(),
+        snapshot_id=out.snapshot_id,
+    )
+
+
+# -- rule 7: addressing is checked first --------------------------------------------------------
+
+
+def test_state_passed_to_a_store_backed_agent() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "keeps its sessions in a store: pass session_id or snapshot_id, not state",
+        rig.agent.run,
+        ToolResume(),  # addressing is checked before the (empty) parts
+        state="v1.x.y",
+    )
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "not state",
+        rig.agent.run_text,
+        "hello",
+        state="v1.x.y",
+    )
+    assert out.snapshot_id is not None
+
+
+def test_session_id_passed_to_a_store_less_agent() -> None:
+    rig = Rig({"n": 1}, store=None)
+    out = rig.paused()
+    assert out.state is not None
+    for kwargs in ({"session_id": out.session_id}, {"snapshot_id": "x"}):
+        rejects(
+            Status.FAILED_PRECONDITION,
+            "has no session store: pass the state of the last output",
+            rig.agent.run,
+            ToolResume(),
+            **kwargs,
+        )
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "a resume needs the paused turn: pass the state",
+        rig.agent.run,
+        ToolResume(respond=[rig.gate.respond(out.interrupts[0], {"value": 1})]),
+    )
+
+
+# -- rule 8: a new message while paused ---------------------------------------------------------
+
+
+def test_new_message_while_paused_names_the_pending_interrupts() -> None:
+    rig = Rig({"n": 1}, {"n": 2})
+    out = rig.paused()
+    count = rig.snapshot_count()
+    err = rejects(
+        Status.FAILED_PRECONDITION,
+        "is paused: answer the pending interrupts first (gate (ref ref-0), gate (ref ref-1))",
+        rig.agent.run_text,
+        "never mind",
+        session_id=out.session_id,
+    )
+    assert out.session_id in err.message
+    assert rig.snapshot_count() == count
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "answer the pending interrupts first",
+        rig.agent.run_text,
+        "never mind",
+        snapshot_id=out.snapshot_id,
+    )
+
+
+def test_new_message_while_paused_with_state() -> None:
+    rig = Rig({"n": 1}, store=None)
+    out = rig.paused()
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "answer the pending interrupts first (gate (ref ref-0))",
+        rig.agent.run_text,
+        "never mind",
+        state=out.state,
+    )
+
+
+# -- rule 9: a failed resume releases the claim -------------------------------------------------
+
+
+def test_failed_resume_releases_the_claim() -> None:
+    rig = Rig({"n": 3})
+    out = rig.paused()
+    reply = rig.gate.resume(out.interrupts[0], Answer(ok=True))
+    rig.fail_next_restart = True
+    with pytest.raises(ToolFailedError) as info:
+        rig.agent.run(ToolResume(restart=[reply]), session_id=out.session_id)
+    assert info.value.tool_name == "gate"
+    assert "downstream is down" in info.value.message
+    snap = rig.store.get_snapshot(out.snapshot_id or "")
+    assert snap is not None and snap.resumed_by is None  # released
+    [failed] = rig.store.list_snapshots(session_id=out.session_id, status=SnapshotStatus.FAILED)
+    assert failed.parent_id == out.snapshot_id
+    assert failed.finish_reason is FinishReason.FAILED
+    assert failed.error is not None and "downstream is down" in failed.error.message
+    # the same snapshot is answered again, by session and by id
+    retried = rig.agent.run(ToolResume(restart=[reply]), session_id=out.session_id)
+    assert retried.finish_reason is FinishReason.STOP
+    assert retried.text == 'results: [{"value": 3}]'
+    assert rig.runs == [None, Answer(ok=True), Answer(ok=True)]
+    latest = rig.store.list_snapshots(session_id=out.session_id, status=SnapshotStatus.COMPLETED)
+    assert latest[0].snapshot_id == retried.snapshot_id
+    assert latest[0].parent_id == out.snapshot_id
+
+
+def test_failed_resume_via_model_releases_the_claim() -> None:
+    ai = Interlock()
+
+    @ai.interruptible_tool(name="gate", description="")
+    def gate(inp: Num, res: Answer | None) -> Result:
+        if res is None:
+            interrupt({"n": inp.n})
+        return Result(value=inp.n)
+
+    # one reply only: the model has nothing left to say after the resume
+    scripted.define(ai, "short", [scripted.reply(scripted.tool_call("gate", {"n": 1}))])
+    store = InMemorySessionStore()
+    agent = ai.define_agent("g", model="scripted/short", tools=[gate], store=store)
+    out = agent.run_text("go")
+    reply = gate.respond(out.interrupts[0], {"value": 1})
+    with pytest.raises(StatusError) as info:
+        agent.run(ToolResume(respond=[reply]), snapshot_id=out.snapshot_id)
+    assert info.value.status is Status.OUT_OF_RANGE
+    snap = store.get_snapshot(out.snapshot_id or "")
+    assert snap is not None and snap.resumed_by is None
+    agent.validate_resume(ToolResume(respond=[reply]), snapshot_id=out.snapshot_id)
+
+
+def test_new_message_while_a_resume_is_under_way_is_refused() -> None:
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    assert out.snapshot_id is not None
+    assert rig.store.claim(out.snapshot_id, "someone-else")
+    before = rig.snapshot_count()
+    err = rejects(
+        Status.FAILED_PRECONDITION,
+        "is being resumed",
+        rig.agent.run_text,
+        "something else",
+        session_id=out.session_id,
+    )
+    assert out.snapshot_id in err.message
+    assert rig.snapshot_count() == before
+    assert rig.runs == [None]

@@ -1,0 +1,231 @@
+"""Client-managed state (semantics.md §6): a signed, opaque string; edits are refused."""
+
+import base64
+import json
+import logging
+import zlib
+from typing import Any
+
+import pytest
+
+from examples.banking import (
+    ApprovalAsk,
+    ApprovalReply,
+    TransferOutput,
+    banking_model,
+    transferMoney,
+)
+from interlock import (
+    FinishReason,
+    Interlock,
+    Snapshot,
+    SnapshotStatus,
+    Status,
+    StatusError,
+    ToolResume,
+    interrupt_as,
+    scripted,
+)
+from interlock.state import StateCodec
+
+
+def store_less_bank(secret: str | None = "test", name: str = "bank") -> tuple[Any, Any]:
+    ai = Interlock(secret=secret)
+    tool = ai.define_interruptible_tool("transferMoney", "transfer", transferMoney.fn)
+    scripted.define(ai, "banking", banking_model)
+    return ai.define_agent(name, model="scripted/banking", tools=[tool]), tool
+
+
+def decode_body(state: str) -> dict[str, Any]:
+    _, body, _ = state.split(".")
+    raw = zlib.decompress(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    data: dict[str, Any] = json.loads(raw)
+    return data
+
+
+def encode_body(data: dict[str, Any]) -> str:
+    raw = json.dumps(data).encode()
+    return base64.urlsafe_b64encode(zlib.compress(raw)).rstrip(b"=").decode()
+
+
+def test_output_has_state_not_snapshot_id() -> None:
+    agent, _tool = store_less_bank()
+    out = agent.run_text("Transfer $500 to savings.")
+    assert out.finish_reason is FinishReason.INTERRUPTED
+    assert out.snapshot_id is None and out.session_id is not None
+    assert isinstance(out.state, str) and out.state.startswith("v1.")
+    assert out.state.count(".") == 2
+    data = decode_body(out.state)
+    assert data["sessionId"] == out.session_id and data["agent"] == "bank"
+    assert data["status"] == "completed" and data["finishReason"] == "interrupted"
+    assert "resumedBy" not in data
+
+
+def test_resume_with_state() -> None:
+    agent, tool = store_less_bank()
+    out = agent.run_text("Transfer $500 to savings.")
+    reply = tool.resume(out.interrupts[0], ApprovalReply(approved=True))
+    final = agent.run(ToolResume(restart=[reply]), state=out.state)
+    assert final.finish_reason is FinishReason.STOP
+    assert final.text.startswith("Done: transferred $500.00 to savings, transaction txn-")
+    assert final.snapshot_id is None and final.state is not None
+    assert decode_body(final.state)["parentId"] == decode_body(out.state or "")["snapshotId"]
+
+
+def test_repause_with_state() -> None:
+    agent, tool = store_less_bank()
+    out = agent.run_text("Transfer $1 to a then $2 to b")
+    second = agent.run(
+        ToolResume(respond=[tool.respond(out.interrupts[0], TransferOutput(success=True))]),
+        state=out.state,
+    )
+    assert second.finish_reason is FinishReason.INTERRUPTED
+    assert interrupt_as(second.interrupts[0], ApprovalAsk) == ApprovalAsk(
+        action="transferMoney", details="Transfer $2.00 to b"
+    )
+    assert second.state != out.state
+
+
+def test_forged_history_is_permission_denied() -> None:
+    """A client re-encodes the state with the tool call already approved."""
+    agent, tool = store_less_bank()
+    out = agent.run_text("Transfer $500 to savings.")
+    assert out.state is not None
+    version, _body, signature = out.state.split(".")
+    data = decode_body(out.state)
+    call = data["messages"][-1]["content"][0]
+    call["toolRequest"]["input"]["amount"] = 5_000_000
+    forged = f"{version}.{encode_body(data)}.{signature}"
+    assert forged != out.state
+    reply = tool.resume(out.interrupts[0], ApprovalReply(approved=True))
+    for run in (
+        lambda: agent.run(ToolResume(restart=[reply]), state=forged),
+        lambda: agent.run_text("hello", state=forged),
+    ):
+        with pytest.raises(StatusError) as info:
+            run()
+        assert info.value.status is Status.PERMISSION_DENIED
+        assert "state signature does not match" in info.value.message
+
+
+@pytest.mark.parametrize("where", ["body", "signature"])
+def test_flipped_character_is_permission_denied(where: str) -> None:
+    agent, tool = store_less_bank()
+    out = agent.run_text("Transfer $500 to savings.")
+    assert out.state is not None
+    version, body, signature = out.state.split(".")
+
+    def flip(s: str, i: int) -> str:
+        return s[:i] + ("A" if s[i] != "A" else "B") + s[i + 1 :]
+
+    if where == "body":
+        body = flip(body, len(body) // 2)
+    else:
+        signature = flip(signature, 0)
+    tampered = f"{version}.{body}.{signature}"
+    reply = tool.respond(out.interrupts[0], TransferOutput(success=True))
+    with pytest.raises(StatusError) as info:
+        agent.run(ToolResume(respond=[reply]), state=tampered)
+    assert info.value.status is Status.PERMISSION_DENIED
+
+
+@pytest.mark.parametrize("garbage", ["", "hello", "v2.abc.def", "v1.only-two", "a.b.c.d"])
+def test_not_a_state_is_permission_denied(garbage: str) -> None:
+    agent, _tool = store_less_bank()
+    with pytest.raises(StatusError) as info:
+        agent.run_text("hi", state=garbage)
+    assert info.value.status is Status.PERMISSION_DENIED
+    assert "state is not one this service issued" in info.value.message
+
+
+def test_state_signed_with_another_secret() -> None:
+    agent, tool = store_less_bank(secret="one")
+    other, _ = store_less_bank(secret="two")
+    out = agent.run_text("Transfer $500 to savings.")
+    reply = tool.respond(out.interrupts[0], TransferOutput(success=True))
+    with pytest.raises(StatusError) as info:
+        other.run(ToolResume(respond=[reply]), state=out.state)
+    assert info.value.status is Status.PERMISSION_DENIED
+    assert "signed with another secret" in info.value.message
+    # the same secret in another registry (say, after a restart) reads it
+    same, _ = store_less_bank(secret="one")
+    assert same.run(ToolResume(respond=[reply]), state=out.state).finish_reason is (
+        FinishReason.STOP
+    )
+
+
+def test_state_of_another_agent() -> None:
+    ai = Interlock(secret="shared")
+    tool = ai.define_interruptible_tool("transferMoney", "transfer", transferMoney.fn)
+    scripted.define(ai, "banking", banking_model)
+    a = ai.define_agent("a", model="scripted/banking", tools=[tool])
+    b = ai.define_agent("b", model="scripted/banking", tools=[tool])
+    out = a.run_text("Transfer $1 to x")
+    with pytest.raises(StatusError) as info:
+        b.run(
+            ToolResume(respond=[tool.respond(out.interrupts[0], {"success": True})]),
+            state=out.state,
+        )
+    assert info.value.status is Status.PERMISSION_DENIED
+    assert "state belongs to agent 'a', not 'b'" in info.value.message
+
+
+def test_signed_but_unreadable_state_is_data_loss() -> None:
+    codec = StateCodec(b"k")
+    body = base64.urlsafe_b64encode(zlib.compress(b"{not json")).rstrip(b"=").decode()
+    state = f"v1.{body}.{codec._sign(body)}"
+    with pytest.raises(StatusError) as info:
+        codec.decode(state)
+    assert info.value.status is Status.DATA_LOSS
+
+
+def test_codec_roundtrip() -> None:
+    codec = StateCodec(b"k")
+    snap = Snapshot(
+        snapshot_id="s1",
+        session_id="sess",
+        agent="x",
+        status=SnapshotStatus.COMPLETED,
+        finish_reason=FinishReason.STOP,
+        resumed_by="someone",
+    )
+    back = codec.decode(codec.encode(snap))
+    assert back.snapshot_id == "s1" and back.session_id == "sess"
+    assert back.resumed_by is None  # not carried in a state
+    assert back.created_at == snap.created_at
+
+
+def test_replay_is_not_prevented_without_a_store() -> None:
+    """Documented limit: the same state can be answered twice when there is no store."""
+    agent, tool = store_less_bank()
+    out = agent.run_text("Transfer $500 to savings.")
+    reply = tool.respond(out.interrupts[0], TransferOutput(success=True, transaction_id="t"))
+    first = agent.run(ToolResume(respond=[reply]), state=out.state)
+    second = agent.run(ToolResume(respond=[reply]), state=out.state)
+    assert first.text == second.text == "Done: transferred $500.00 to savings, transaction t."
+
+
+def test_secret_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTERLOCK_SECRET", "from-env")
+    agent, tool = store_less_bank(secret=None)
+    explicit, _ = store_less_bank(secret="from-env")
+    out = agent.run_text("Transfer $1 to a")
+    reply = tool.respond(out.interrupts[0], TransferOutput(success=True))
+    assert explicit.run(ToolResume(respond=[reply]), state=out.state).finish_reason is (
+        FinishReason.STOP
+    )
+
+
+def test_random_secret_warns_and_does_not_survive(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("INTERLOCK_SECRET", raising=False)
+    caplog.set_level(logging.WARNING, logger="interlock")
+    agent, tool = store_less_bank(secret=None)
+    out = agent.run_text("Transfer $1 to a")
+    assert any("will not survive a restart" in r.getMessage() for r in caplog.records)
+    restarted, _ = store_less_bank(secret=None)  # another process, another random secret
+    reply = tool.respond(out.interrupts[0], TransferOutput(success=True))
+    with pytest.raises(StatusError) as info:
+        restarted.run(ToolResume(respond=[reply]), state=out.state)
+    assert info.value.status is Status.PERMISSION_DENIED
