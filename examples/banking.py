@@ -10,17 +10,27 @@ Its model is scripted (`scripted/banking`): "Transfer $N to ACCOUNT" becomes a
 `transferMoney` call ("... and $M to OTHER" calls twice at once, "... then $M to OTHER"
 calls again after the first one is answered); a tool result becomes a final answer that
 names the transaction id, or says the transfer was declined.
+
+On a real model: set `INTERLOCK_BANKING_MODEL=openai/gpt-4o-mini` (any `provider/model`)
+before this module is imported (a worker's environment), or wrap a run in
+`with using_model("anthropic/claude-haiku-4-5") as agent: ...` (what
+`interlock demo --model` does).
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from interlock import (
+    Agent,
     InMemorySessionStore,
     Interlock,
     Message,
@@ -40,7 +50,10 @@ __all__ = [
     "ai",
     "bankingAgent",
     "transferMoney",
+    "using_model",
 ]
+
+MODEL_ENV = "INTERLOCK_BANKING_MODEL"
 
 
 class _Wire(BaseModel):
@@ -162,9 +175,28 @@ scripted.define(ai, "banking", banking_model)
 
 bankingAgent = ai.define_agent(
     "bankingAgent",
-    model="scripted/banking",
+    model=os.environ.get(MODEL_ENV) or "scripted/banking",
     system="You are a banking assistant. Use transferMoney to move funds; "
     "it will pause for user approval.",
     tools=[transferMoney],
     store=InMemorySessionStore(),
 )
+
+
+@contextmanager
+def using_model(model: str | None) -> Iterator[Agent]:
+    """`bankingAgent` on `model` (`provider/model`) while the block runs. The registry's
+    entry is swapped, so a worker sharing `ai` in this process uses it too. The model is
+    looked up first, so a missing API key fails here, before anything runs. `None`
+    keeps the agent as it is."""
+    current = ai.lookup_agent("bankingAgent")
+    if model is None:
+        yield current
+        return
+    ai.lookup_model(model)
+    agent = replace(current, model=model)
+    ai.agents[agent.name] = agent
+    try:
+        yield agent
+    finally:
+        ai.agents[agent.name] = current

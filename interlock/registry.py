@@ -13,6 +13,7 @@ from schemas import Status
 from .agent import Agent
 from .errors import StatusError, ToolNotFoundError
 from .middleware import Middleware
+from .models import register_builtin_providers
 from .models.base import FunctionModel, Model
 from .state import StateCodec
 from .stores.base import SessionStore
@@ -39,6 +40,7 @@ class Interlock:
         self.providers: dict[str, ModelProvider] = {}
         self._secret = secret
         self._codec: StateCodec | None = None
+        register_builtin_providers(self)  # openai/, googleai/, ollama/, anthropic/ (lazy)
 
     # -- tools ------------------------------------------------------------------------
 

@@ -652,11 +652,12 @@ def test_max_turns_default_is_ten() -> None:
 
 def test_unknown_model_is_not_found() -> None:
     ai = Interlock()
-    agent = ai.define_agent("x", model="googleai/gemini-flash-latest", store=InMemorySessionStore())
+    # (googleai/, openai/, ollama/ and anthropic/ are built-in providers: tests/test_models_*)
+    agent = ai.define_agent("x", model="nowhere/gemini-flash-latest", store=InMemorySessionStore())
     with pytest.raises(StatusError) as info:
         agent.run_text("hi")
     assert info.value.status is Status.NOT_FOUND
-    assert "model 'googleai/gemini-flash-latest' is not defined" in info.value.message
+    assert "model 'nowhere/gemini-flash-latest' is not defined" in info.value.message
     assert "define it with ai.define_model" in info.value.message
     with pytest.raises(StatusError) as bad:
         ai.define_model("no-provider", lambda request: scripted.text("x"))

@@ -1,0 +1,125 @@
+"""Mapping helpers shared by the model plugins: history checks, schemas, tool JSON."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from schemas import Message, Part, Status
+
+from ..errors import StatusError
+
+__all__ = [
+    "check_history",
+    "dump_input",
+    "dump_output",
+    "new_ref",
+    "object_schema",
+    "parse_arguments",
+    "parse_data_url",
+]
+
+log = logging.getLogger("interlock.models")
+
+
+def new_ref() -> str:
+    return uuid.uuid4().hex
+
+
+def check_history(messages: Sequence[Message], model: str) -> None:
+    """Refuse a history that would show the model a tool call as if it had completed
+    when it has not: a request still marked `metadata.interrupt` (a pending interrupt),
+    or one with no tool response after it. After a resume the turn loop renames
+    `interrupt` to `resolvedInterrupt` and appends the responses, so a well-formed
+    history always passes."""
+    answered = {
+        p.tool_response.ref or p.tool_response.name
+        for m in messages
+        if m.role == "tool"
+        for p in m.content
+        if p.tool_response is not None
+    }
+    for message in messages:
+        if message.role != "model":
+            continue
+        for part in message.content:
+            req = part.tool_request
+            if req is None:
+                continue
+            if part.is_interrupt():
+                raise StatusError(
+                    Status.FAILED_PRECONDITION,
+                    f"cannot call {model}: tool call {req.name!r} (ref {req.ref}) is a pending "
+                    "interrupt; answer it (respond or restart) before the model runs again",
+                )
+            if (req.ref or req.name) not in answered:
+                raise StatusError(
+                    Status.FAILED_PRECONDITION,
+                    f"cannot call {model}: tool call {req.name!r} (ref {req.ref}) has no tool "
+                    "response in the history",
+                )
+
+
+def object_schema(schema: dict[str, Any] | None) -> dict[str, Any]:
+    """A tool's input schema as the APIs want it: an object schema. A tool without one
+    (input typed `Any`) takes any object."""
+    if not schema:
+        return {"type": "object", "properties": {}}
+    return dict(schema)
+
+
+def parse_arguments(raw: str | None, *, tool: str, ref: str, model: str) -> Any:
+    """A tool call's input from the model's JSON arguments.
+
+    Malformed JSON does not fail the model call: the call is kept with the raw string as
+    its input, so the history shows exactly what the model sent, and the tool's input
+    validation then refuses it (INVALID_ARGUMENT; a tool whose input is a model or a
+    dict never runs on it). A warning names the bad JSON."""
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        log.warning(
+            "%s sent malformed JSON arguments for tool %r (call %s): %r (%s); keeping the "
+            "call with the raw string as its input, which the tool's validation will refuse",
+            model,
+            tool,
+            ref,
+            raw,
+            exc,
+        )
+        return raw
+
+
+def dump_input(value: Any) -> str:
+    """A tool call's input as the JSON arguments string (a raw string goes back as it came)."""
+    if value is None:
+        return "{}"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def dump_output(value: Any) -> str:
+    """A tool's output as the text of a tool result: strings as they are, else JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def parse_data_url(url: str) -> tuple[str, str] | None:
+    """`(media_type, base64_data)` of a `data:...;base64,...` URL, else None."""
+    if not url.startswith("data:"):
+        return None
+    header, sep, data = url[5:].partition(",")
+    if not sep or not header.endswith(";base64"):
+        return None
+    return header[: -len(";base64")] or "application/octet-stream", data
+
+
+def text_of(parts: Sequence[Part]) -> str:
+    return "".join(p.text for p in parts if p.text is not None)
