@@ -4,7 +4,7 @@ consumer idempotent by `decision_id` and is the audit trail of who decided what.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Column, DateTime, Index, MetaData, Table, Text, insert, select
@@ -112,4 +112,8 @@ class DecisionLog:
 
 
 def _record(row: Any) -> DecisionRecord:
-    return DecisionRecord(**{k: row[k] for k in DecisionRecord.__dataclass_fields__})
+    values = {k: row[k] for k in DecisionRecord.__dataclass_fields__}
+    at = values["received_at"]
+    if at.tzinfo is None:  # SQLite keeps no zone; we write UTC
+        values["received_at"] = at.replace(tzinfo=UTC)
+    return DecisionRecord(**values)

@@ -33,8 +33,12 @@ class EventStream:
         self._consumer.consume()
 
     @classmethod
-    def bind(cls, connection: Connection, name: str, pattern: str = "#") -> EventStream:
-        return cls(connection, event_queue(name, pattern))
+    def bind(
+        cls, connection: Connection, name: str, pattern: str = "#", *, temporary: bool = False
+    ) -> EventStream:
+        """`temporary`: not durable, deleted when its consumer goes (on AMQP)."""
+        queue = event_queue(name, pattern, durable=not temporary, auto_delete=temporary)
+        return cls(connection, queue)
 
     def _on_message(self, message: KombuMessage) -> None:
         self._buffer.append(event_adapter.validate_json(message.body))

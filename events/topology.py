@@ -43,10 +43,12 @@ DECISIONS_DEAD = Queue(
 """Decisions that could not be parsed, kept with the reason."""
 
 
-def event_queue(name: str, pattern: str = "#", *, durable: bool = True) -> Queue:
+def event_queue(
+    name: str, pattern: str = "#", *, durable: bool = True, auto_delete: bool = False
+) -> Queue:
     """A queue of your own on the events exchange, bound with a topic pattern
     (`turn.*`, `decision.#`, `#`)."""
-    return Queue(name, EVENTS, routing_key=pattern, durable=durable)
+    return Queue(name, EVENTS, routing_key=pattern, durable=durable, auto_delete=auto_delete)
 
 
 def all_queues() -> list[Queue]:

@@ -134,7 +134,11 @@ def plan_resume(
         if req.ref in restarted:
             raise _invalid(f"restart lists ref {req.ref} twice")
         restarted.add(req.ref)
-        if not same_json(req.input, original.tool_request.input):
+        try:
+            same = same_json(req.input, original.tool_request.input)
+        except (ValueError, RecursionError):  # nested deeper than JSON tools can take
+            same = False
+        if not same:
             raise _invalid(
                 f"restart of tool {req.name!r} ref {req.ref} changed its input; a restart "
                 "must keep the original input"

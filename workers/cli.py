@@ -46,8 +46,27 @@ def clear_errors(fn: F) -> F:
             fail(f"{status_of(exc).value}: {getattr(exc, 'message', str(exc))}")
         except OSError as exc:
             fail(f"UNAVAILABLE: {exc}")
+        except Exception as exc:
+            reason = unreachable(exc)
+            if reason is None:
+                raise
+            fail(f"UNAVAILABLE: {reason}")
 
     return wrapper  # type: ignore[return-value]
+
+
+def unreachable(exc: Exception) -> str | None:
+    """One line saying which service cannot be reached, when `exc` says so (kombu's and
+    SQLAlchemy's connection errors are no `OSError`)."""
+    from kombu.exceptions import OperationalError as BrokerError
+    from sqlalchemy.exc import OperationalError as StoreError
+
+    if isinstance(exc, BrokerError):
+        return f"cannot reach the broker: {exc}"
+    if isinstance(exc, StoreError):
+        first = (str(exc.orig or exc).strip().splitlines() or [""])[0]
+        return f"cannot reach the store: {first}"
+    return None
 
 
 def redact(url: str) -> str:
@@ -403,6 +422,16 @@ def decide(
 @click.option("--store", default=None, help="Store URL, with --broker (shared with the worker).")
 @click.option("--in-process", is_flag=True, help="Skip the queues: call the agent directly.")
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for each hop.")
+@click.option(
+    "--model",
+    default=None,
+    metavar="PROVIDER/MODEL",
+    help="Run the banking agent on a real model: openai/gpt-4o-mini, "
+    "googleai/gemini-flash-latest, anthropic/claude-haiku-4-5, ollama/llama3.1 "
+    "(keys from OPENAI_API_KEY, GEMINI_API_KEY, ANTHROPIC_API_KEY; see docs/models.md). "
+    "Default: the scripted model. With --broker, start the worker with "
+    "INTERLOCK_BANKING_MODEL=PROVIDER/MODEL instead.",
+)
 @clear_errors
 def demo(
     decision: bool | None,
@@ -411,6 +440,7 @@ def demo(
     store: str | None,
     in_process: bool,
     timeout: float,
+    model: str | None,
 ) -> None:
     """Run the banking agent end to end: it pauses for approval, a human answers, it
     resumes. With no --broker, one process holds a broker, a worker, the resume consumer
@@ -419,10 +449,12 @@ def demo(
 
     decide_fn = ask_human(decision)
     if in_process:
-        out = run_in_process(text, decide_fn)
+        out = run_in_process(text, decide_fn, model=model)
         emit({"finish_reason": out.finish_reason.value, "text": out.text})
         return
-    result = run_on_queues(text, decide_fn, broker=broker, store=store, timeout=timeout)
+    result = run_on_queues(
+        text, decide_fn, broker=broker, store=store, timeout=timeout, model=model
+    )
     emit(result)
     if result.get("type") != "turn.completed":
         raise StatusError(message=f"the demo ended with {result.get('type')}")

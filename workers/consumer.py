@@ -13,6 +13,7 @@ from kombu.connection import Connection
 from kombu.message import Message as KombuMessage
 from kombu.messaging import Consumer
 from kombu.mixins import ConsumerMixin
+from sqlalchemy.exc import DataError
 
 from events.topology import DECISIONS
 from interlock import StatusError
@@ -24,6 +25,10 @@ from .decisions import ParseFailure, evaluate, parse_decision
 __all__ = ["ResumeConsumer"]
 
 log = logging.getLogger("interlock.consumer")
+
+_CONTENT_ERRORS = (ValueError, TypeError, LookupError, RecursionError, DataError)
+"""Errors a decision's content can cause (the database refusing a value included);
+retrying the message cannot help. Any other error is taken for a failing store or broker."""
 
 
 class ResumeConsumer(ConsumerMixin):
@@ -54,8 +59,15 @@ class ResumeConsumer(ConsumerMixin):
             self.heartbeat.touch()
 
     def on_message(self, message: KombuMessage) -> None:
+        body, headers = message.body, dict(message.headers or {})
         try:
-            self.handle(message.body, message.content_type, dict(message.headers or {}))
+            try:
+                self.handle(body, message.content_type, headers)
+            except _CONTENT_ERRORS as exc:
+                # This message fails however often it is tried (a requeued one comes
+                # straight back): keep it on the dead-letter queue instead.
+                log.exception("decision could not be processed; dead-lettering it")
+                self.unprocessable(body, headers, exc)
         except Exception:
             # The store or the broker failed: leave the decision queued and try again.
             log.exception("decision could not be processed; requeueing it")
@@ -64,6 +76,25 @@ class ResumeConsumer(ConsumerMixin):
             return
         message.ack()
         self.handled += 1
+
+    def unprocessable(self, body: bytes | str, headers: dict[str, Any], exc: Exception) -> None:
+        """Dead-letter a message that raised, and reject it (INTERNAL) without the store."""
+        raw = body.encode() if isinstance(body, str) else bytes(body or b"")
+        reason = f"decision could not be processed: {type(exc).__name__}: {exc}"[:2000]
+        self.rt.publisher.dead_letter(raw, reason, headers)
+        parsed = parse_decision(raw, "application/json")
+        ids: dict[str, Any] = (
+            {
+                "decision_id": parsed.decision_id,
+                "snapshot_id": parsed.snapshot_id,
+                "reviewer": parsed.reviewer,
+            }
+            if isinstance(parsed, Decision)
+            else {}
+        )
+        self.rt.publisher.publish_event(
+            DecisionRejected(**ids, error=ErrorInfo(status=Status.INTERNAL, message=reason))
+        )
 
     def handle(
         self, body: bytes | str, content_type: str | None, headers: dict[str, Any]

@@ -51,19 +51,41 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         return ParseFailure(f"decision is not JSON: {exc}")
+    except RecursionError:  # "[[[[...": a poison message, not a reason to retry
+        return ParseFailure("decision is not JSON that can be read: it is nested too deeply")
     if not isinstance(data, dict):
         return ParseFailure(f"decision must be a JSON object, not {type(data).__name__}")
     found = data.get("decision_id")
-    decision_id = found if isinstance(found, str) and 0 < len(found) <= 200 else None
+    decision_id = (
+        found if isinstance(found, str) and 0 < len(found) <= 200 and "\x00" not in found else None
+    )
     if data.get("schema_version") != 1:
         return ParseFailure(
             f"unknown schema_version {data.get('schema_version')!r}; this consumer reads 1",
             decision_id,
         )
+    if _has_nul(data):  # valid JSON, but no text column (PostgreSQL) can keep it
+        return ParseFailure("decision contains a NUL character (\\u0000)", decision_id)
     try:
         return Decision.model_validate(data)
     except ValidationError as exc:
         return ParseFailure(f"decision does not match the schema: {brief(exc)}", decision_id)
+
+
+def _has_nul(data: Any) -> bool:
+    """Whether any string (key or value) holds U+0000. Iterative: no recursion limit."""
+    todo = [data]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return False
 
 
 def to_tool_resume(decision: Decision, snapshot: Snapshot) -> ToolResume:

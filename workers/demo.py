@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -36,21 +37,23 @@ def show_interrupt(part: Part) -> None:
     click.echo(f"⏸  interrupted: {req.name} (ref {req.ref}) asks: {details}")
 
 
-def run_in_process(text: str, decide: Decide) -> AgentOutput:
-    """The seed's single-turn flow: run, answer every interrupt, resume until done."""
-    from examples.banking import ApprovalReply, bankingAgent, transferMoney
+def run_in_process(text: str, decide: Decide, *, model: str | None = None) -> AgentOutput:
+    """The seed's single-turn flow: run, answer every interrupt, resume until done.
+    `model` (`provider/model`) runs it on a real model instead of the scripted one."""
+    from examples.banking import ApprovalReply, transferMoney, using_model
 
-    click.echo(f"▶  user: {text}")
-    out = bankingAgent.run_text(text)
-    while out.finish_reason == "interrupted":
-        restarts = []
-        for part in out.interrupts:
-            show_interrupt(part)
-            approved = decide(part)
-            click.echo(f"   human: {'approve' if approved else 'deny'}")
-            restarts.append(transferMoney.resume(part, ApprovalReply(approved=approved)))
-        click.echo("▶  resume: restart transferMoney with the human's reply")
-        out = bankingAgent.run(ToolResume(restart=restarts), session_id=out.session_id)
+    with using_model(model) as bankingAgent:
+        click.echo(f"▶  user: {text}" + (f"  [{model}]" if model else ""))
+        out = bankingAgent.run_text(text)
+        while out.finish_reason == "interrupted":
+            restarts = []
+            for part in out.interrupts:
+                show_interrupt(part)
+                approved = decide(part)
+                click.echo(f"   human: {'approve' if approved else 'deny'}")
+                restarts.append(transferMoney.resume(part, ApprovalReply(approved=approved)))
+            click.echo("▶  resume: restart transferMoney with the human's reply")
+            out = bankingAgent.run(ToolResume(restart=restarts), session_id=out.session_id)
     click.echo(f"✔  {out.finish_reason.value}: {out.text}")
     return out
 
@@ -66,10 +69,12 @@ def run_on_queues(
     broker: str | None = None,
     store: str | None = None,
     timeout: float = 60.0,
+    model: str | None = None,
 ) -> dict[str, object]:
     """The banking flow through the queues: submit → turn.interrupted → decision →
     decision.accepted → turn.completed. With no `broker`, everything runs here: an
-    in-memory broker, an embedded worker, the resume consumer and a SQLite store."""
+    in-memory broker, an embedded worker, the resume consumer and a SQLite store.
+    `model` (`provider/model`, embedded only) runs the agent on a real model."""
     import tempfile
     import threading
     import uuid
@@ -79,7 +84,7 @@ def run_on_queues(
 
     from events.publisher import Publisher
     from events.stream import EventStream
-    from examples.banking import ai
+    from examples.banking import ai, using_model
     from interlock import AgentInput, Message
     from schemas import Decision, RestartEntry, TurnInterrupted
 
@@ -88,8 +93,17 @@ def run_on_queues(
     from .settings import Settings
     from .turns import new_turn_request
 
+    if model is not None and broker is not None:
+        from interlock import Status, StatusError
+
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            "--model runs the embedded demo's worker on that model; with --broker the worker "
+            f"is elsewhere: start it with INTERLOCK_BANKING_MODEL={model} instead",
+        )
     with ExitStack() as stack:
         embedded = broker is None
+        stack.enter_context(using_model(model))  # the embedded worker shares `ai`
         if embedded:
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="interlock-demo-"))
             store = store or f"sqlite:///{folder}/interlock.db"
@@ -99,7 +113,9 @@ def run_on_queues(
         rt = runtime_of(app)
         stack.callback(rt.close)
         conn = stack.enter_context(rt.connection())
-        events = EventStream.bind(conn, f"interlock.demo.{uuid.uuid4().hex[:8]}", "#")
+        events = EventStream.bind(
+            conn, f"interlock.demo.{uuid.uuid4().hex[:8]}", "#", temporary=True
+        )
         stack.callback(events.close, True)
         if embedded:
             _hop(f"·  embedded: broker {broker}, store {store}, worker and resume consumer")
@@ -166,12 +182,18 @@ def run_on_queues(
             event = events.next(timeout, in_session, turn_types)
         result = event.model_dump(mode="json")
         if event.type == "turn.completed":
-            _hop(f"✔  turn.completed: {result['message']['content'][0].get('text', '')}")
+            _hop(f"✔  turn.completed: {_text(result)}")
         else:
             _hop(f"✘  {event.type}: {result.get('error')}")
         return {
             "type": event.type,
             "session_id": session_id,
             "snapshot_id": event.snapshot_id,
-            "text": (result.get("message") or {}).get("content", [{}])[0].get("text"),
+            "text": _text(result),
         }
+
+
+def _text(result: dict[str, Any]) -> str:
+    """The text of an event's message (a real model may put reasoning before it)."""
+    content = (result.get("message") or {}).get("content") or []
+    return "".join(p.get("text") or "" for p in content if isinstance(p, dict))

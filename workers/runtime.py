@@ -52,7 +52,9 @@ class Runtime:
 
     @cached_property
     def relay(self) -> OutboxRelay:
-        return OutboxRelay(self.outbox, self.publisher)
+        # A publisher (a connection) of its own: the relay may run in a thread beside
+        # the consumer, and a kombu connection must not be used by two threads at once.
+        return OutboxRelay(self.outbox, Publisher(self.connection()))
 
     def agent(self, name: str) -> Agent:
         """The registry's agent `name`, keeping its sessions in this runtime's store."""
@@ -62,6 +64,8 @@ class Runtime:
     def close(self) -> None:
         if "relay" in self.__dict__:
             self.relay.stop()
+            self.relay.publisher.close()
+            self.relay.publisher.connection.release()
         if "publisher" in self.__dict__:
             self.publisher.close()
             self.publisher.connection.release()

@@ -58,4 +58,7 @@ class Settings:
     @property
     def transport_options(self) -> dict[str, Any]:
         """Options every kombu/Celery client of the broker must share."""
-        return {"visibility_timeout": self.visibility_timeout}
+        options: dict[str, Any] = {"visibility_timeout": self.visibility_timeout}
+        if self.broker_url.startswith("memory://"):
+            options["polling_interval"] = 0.05  # in-process: poll often, it costs nothing
+        return options

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from interlock import AgentInput, InterlockError, StatusError
-from schemas import TurnFailed, TurnRequest
+from schemas import SnapshotStatus, TurnFailed, TurnRequest
 
 from .runtime import Runtime
 
@@ -53,14 +53,15 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
         error = exc if isinstance(exc, StatusError) else StatusError(message=str(exc))
         if getattr(exc, "snapshot_id", None) is None:
             # Refused before the turn ran: no snapshot carries the event, send it here.
+            session_id, last_snapshot_id = _where_it_stands(rt, request)
             rt.outbox.add_now(
                 TurnFailed(
                     agent=request.agent,
-                    session_id=request.session_id,
+                    session_id=session_id,
                     snapshot_id=None,
                     turn_id=request.turn_id,
                     error=error.to_info(),
-                    last_snapshot_id=request.snapshot_id,
+                    last_snapshot_id=last_snapshot_id,
                 )
             )
         log.info("turn %s failed: %s", request.turn_id, error)
@@ -70,3 +71,18 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     except Exception:
         log.exception("publishing events failed; the outbox relay will send them later")
     return result
+
+
+def _where_it_stands(rt: Runtime, request: TurnRequest) -> tuple[str | None, str | None]:
+    """The session of a refused turn and its last good snapshot (the one it continues
+    from), when the request named only one of them."""
+    session_id, snapshot_id = request.session_id, request.snapshot_id
+    if snapshot_id is not None and session_id is None:
+        found = rt.store.get_snapshot(snapshot_id)
+        session_id = found.session_id if found is not None else None
+    elif snapshot_id is None and session_id is not None:
+        latest = rt.store.list_snapshots(
+            session_id=session_id, status=SnapshotStatus.COMPLETED, limit=1
+        )
+        snapshot_id = latest[0].snapshot_id if latest else None
+    return session_id, snapshot_id

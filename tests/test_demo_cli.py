@@ -1,0 +1,232 @@
+"""The `interlock` command line as a user runs it: the embedded demo (no server at
+all), and `submit` / `pending` / `decide` against a real worker and resume consumer.
+Errors must be one clear line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from queue_helpers import (
+    AGENT,
+    APP,
+    CliResult,
+    Dashboard,
+    QueueStack,
+    child_env,
+    cli_submit,
+    dashboard_for,
+    module_stack,
+    run_cli,
+)
+from services import free_port
+
+from schemas import TurnInterrupted
+
+# -------------------------------------------------------------------------- the demo
+
+DEMOS = {
+    "approve": ("demo", "--approve"),
+    "deny": ("demo", "--deny"),
+    "in-process": ("demo", "--in-process", "--approve"),
+}
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[CliResult, Path]]:
+    """The three demos, run at once (each takes seconds, mostly waiting), each in an
+    empty directory of its own and with no INTERLOCK_* variable set."""
+    folders = {name: tmp_path_factory.mktemp(f"demo-{name}") for name in DEMOS}
+    env = child_env()
+    env.pop("INTERLOCK_SECRET")
+    with ThreadPoolExecutor(len(DEMOS)) as pool:
+        futures = {
+            name: pool.submit(run_cli, *args, env=env, cwd=folders[name], timeout=100)
+            for name, args in DEMOS.items()
+        }
+        return {name: (future.result(), folders[name]) for name, future in futures.items()}
+
+
+def test_demo_approve_runs_end_to_end_with_no_server(
+    demo_runs: dict[str, tuple[CliResult, Path]],
+) -> None:
+    result, folder = demo_runs["approve"]
+    assert result.returncode == 0, result.describe()
+    [line] = result.json_lines()
+    assert line["type"] == "turn.completed", result.describe()
+    assert line["text"].startswith("Done: transferred $500.00 to savings, transaction txn-")
+    # every hop is shown: the pause, the human's answer, the resume
+    for hop in ("turn.interrupted", "Transfer $500.00 to savings", "decision.accepted"):
+        assert hop in result.stdout, result.describe()
+    assert "Traceback" not in result.stderr, result.describe()
+    assert list(folder.iterdir()) == []  # its SQLite store was a temporary one
+
+
+def test_demo_deny_ends_declined(demo_runs: dict[str, tuple[CliResult, Path]]) -> None:
+    result, _ = demo_runs["deny"]
+    assert result.returncode == 0, result.describe()
+    [line] = result.json_lines()
+    assert line["type"] == "turn.completed"
+    assert line["text"] == "The transfer of $500.00 to savings was declined.", result.describe()
+    assert "human: deny" in result.stdout
+
+
+def test_demo_in_process(demo_runs: dict[str, tuple[CliResult, Path]]) -> None:
+    result, _ = demo_runs["in-process"]
+    assert result.returncode == 0, result.describe()
+    [line] = result.json_lines()
+    assert line["finish_reason"] == "stop", result.describe()
+    assert line["text"].startswith("Done: transferred $500.00 to savings, transaction txn-")
+
+
+# -------------------------------------------------------------------------- against a stack
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, pg_admin: str) -> Iterator[QueueStack]:
+    with module_stack(tmp_path_factory.mktemp("cli"), pg_admin) as queue_stack:
+        yield queue_stack
+
+
+@pytest.fixture
+def dash(stack: QueueStack, request: pytest.FixtureRequest) -> Iterator[Dashboard]:
+    with dashboard_for(stack, request) as dashboard:
+        yield dashboard
+
+
+def test_pending_lists_the_open_interrupt_and_decide_answers_it(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    submitted = cli_submit(stack, "Transfer $250 to rent")
+    session_id = submitted["session_id"]
+    paused = dash.turn_event(session_id)
+    assert isinstance(paused, TurnInterrupted), paused.model_dump_json()
+    assert paused.snapshot_id is not None and paused.resume_token is not None
+
+    listed = run_cli("pending", "--store", stack.store_url, "--session", session_id)
+    assert listed.returncode == 0, listed.describe()
+    [line] = listed.json_lines()
+    [item] = paused.interrupts
+    assert line["snapshot_id"] == paused.snapshot_id
+    assert (line["session_id"], line["agent"], line["expires_at"]) == (session_id, AGENT, None)
+    assert line["interrupts"] == [
+        {
+            "name": "transferMoney",
+            "ref": item.ref,
+            "input": {"amount": 250.0, "toAccount": "rent"},
+            "payload": {"action": "transferMoney", "details": "Transfer $250.00 to rent"},
+        }
+    ]
+    everything = run_cli("pending", "--store", stack.store_url)
+    assert paused.snapshot_id in {x["snapshot_id"] for x in everything.json_lines()}
+
+    decided = run_cli(
+        "decide", paused.snapshot_id, "--token", paused.resume_token, "--approve",
+        "--reviewer", "cli@example.com", "--store", stack.store_url, "--broker", stack.broker_url,
+    )  # fmt: skip
+    assert decided.returncode == 0, decided.describe()
+    [out] = decided.json_lines()
+    assert out["snapshot_id"] == paused.snapshot_id
+    accepted = dash.outcome(out["decision_id"])
+    assert accepted.type == "decision.accepted", accepted.model_dump_json()
+    assert accepted.model_dump()["reviewer"] == "cli@example.com"
+    done = dash.resumed_turn(accepted)
+    assert done.type == "turn.completed"
+    assert done.message.text.startswith(  # type: ignore[attr-defined]
+        "Done: transferred $250.00 to rent, transaction txn-"
+    )
+
+    after = run_cli("pending", "--store", stack.store_url, "--session", session_id)
+    assert after.returncode == 0, after.describe()
+    assert after.json_lines() == []
+    assert "no open interrupts" in after.stderr
+
+
+def test_decide_deny_with_the_token_from_the_environment(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    paused = dash.paused("Transfer $40 to gym")
+    decided = run_cli(
+        "decide", paused.snapshot_id, "--deny", "--store", stack.store_url,
+        "--broker", stack.broker_url,
+        env=child_env(INTERLOCK_RESUME_TOKEN=paused.resume_token),
+    )  # fmt: skip
+    assert decided.returncode == 0, decided.describe()
+    [out] = decided.json_lines()
+    done = dash.resumed_turn(dash.outcome(out["decision_id"]))
+    assert done.message.text == "The transfer of $40.00 to gym was declined."  # type: ignore[attr-defined]
+
+
+def test_decide_with_a_wrong_token_is_rejected_by_the_consumer(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    paused = dash.paused("Transfer $41 to nowhere")
+    decided = run_cli(
+        "decide", paused.snapshot_id, "--token", "guessed", "--approve",
+        "--store", stack.store_url, "--broker", stack.broker_url,
+    )  # fmt: skip
+    assert decided.returncode == 0, decided.describe()  # published; the consumer decides
+    [out] = decided.json_lines()
+    rejected = dash.outcome(out["decision_id"])
+    assert rejected.type == "decision.rejected"
+    assert rejected.error.status == "PERMISSION_DENIED"  # type: ignore[attr-defined]
+
+
+# -------------------------------------------------------------------------- errors
+
+
+def _clear_failure(result: CliResult, *words: str) -> None:
+    assert result.returncode != 0, result.describe()
+    assert "Traceback" not in result.stderr, result.describe()
+    assert result.stderr.startswith("error: ") or result.returncode == 2, result.describe()
+    for word in words:
+        assert word in result.stderr, result.describe()
+
+
+def test_worker_with_an_unknown_app_exits_clearly(stack: QueueStack) -> None:
+    for command in ("worker", "resume-consumer"):
+        result = run_cli(
+            command, "--app", "nosuch.module:ai",
+            "--broker", stack.broker_url, "--store", stack.store_url, timeout=60,
+        )  # fmt: skip
+        _clear_failure(result, "cannot import", "nosuch.module")
+
+
+def test_decide_on_an_unknown_snapshot_exits_not_found(stack: QueueStack) -> None:
+    result = run_cli(
+        "decide", "no-such-snapshot", "--token", "t", "--approve",
+        "--store", stack.store_url, "--broker", stack.broker_url,
+    )  # fmt: skip
+    _clear_failure(result, "NOT_FOUND", "no-such-snapshot")
+
+
+def test_submit_with_an_unknown_agent_exits_not_found(stack: QueueStack) -> None:
+    result = run_cli(
+        "submit", "--app", APP, "--agent", "nosuchAgent", "--text", "hi",
+        "--broker", stack.broker_url, "--store", stack.store_url,
+    )  # fmt: skip
+    _clear_failure(result, "NOT_FOUND", "nosuchAgent")
+
+
+def test_decide_needs_exactly_one_verdict(stack: QueueStack) -> None:
+    result = run_cli(
+        "decide", "snap", "--token", "t", "--store", stack.store_url,
+        "--broker", stack.broker_url,
+    )  # fmt: skip
+    assert result.returncode == 2, result.describe()
+    assert "give exactly one of --approve, --deny, --respond" in result.stderr
+
+
+def test_unreachable_broker_or_store_is_one_clear_line(stack: QueueStack) -> None:
+    nobody = f"127.0.0.1:{free_port()}"
+    submit = run_cli(
+        "submit", "--app", APP, "--agent", AGENT, "--text", "hi",
+        "--broker", f"redis://{nobody}/0", "--store", stack.store_url, timeout=60,
+    )  # fmt: skip
+    _clear_failure(submit, "UNAVAILABLE", "broker", nobody)
+    pending = run_cli(
+        "pending", "--store", f"postgresql+psycopg://nobody@{nobody}/interlock", timeout=60
+    )
+    _clear_failure(pending, "UNAVAILABLE", "store")

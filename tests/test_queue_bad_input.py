@@ -1,0 +1,375 @@
+"""Bad decisions against a real resume consumer: each is answered with one
+`decision.rejected` of the right status, unreadable ones are kept on
+`interlock.decisions.dead` with the reason, nothing stops the consumer, and the paused
+turn a rejected decision aimed at can still be answered afterwards."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from queue_helpers import (
+    Dashboard,
+    QueueStack,
+    dashboard_for,
+    dead_reader,
+    decision,
+    module_stack,
+)
+
+from schemas import MAX_DECISION_BYTES, Status
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, pg_admin: str) -> Iterator[QueueStack]:
+    with module_stack(tmp_path_factory.mktemp("bad-input"), pg_admin) as queue_stack:
+        yield queue_stack
+
+
+@pytest.fixture
+def dash(stack: QueueStack, request: pytest.FixtureRequest) -> Iterator[Dashboard]:
+    with dashboard_for(stack, request) as dashboard:
+        yield dashboard
+
+
+def rejected(dash: Dashboard, body: dict[str, Any], status: Status, *words: str) -> Any:
+    """Publish `body`; its one outcome must be decision.rejected with `status`."""
+    dash.publish_json(body)
+    event = dash.outcome(body["decision_id"])
+    assert event.type == "decision.rejected", event.model_dump_json()
+    assert event.error.status == status, event.model_dump_json()
+    for word in words:
+        assert word in event.error.message, event.model_dump_json()
+    assert event.model_dump()["reviewer"] == body.get("reviewer")
+    return event
+
+
+def still_answerable(dash: Dashboard, paused: Any) -> None:
+    """Nothing was lost: the paused turn takes a valid decision and completes."""
+    done = dash.resolve(paused)
+    assert done.type == "turn.completed", done.model_dump_json()
+    assert "txn-" in done.message.text  # type: ignore[attr-defined]
+
+
+def restart_all(paused: Any) -> list[dict[str, Any]]:
+    return [
+        {"name": i.name, "ref": i.ref, "resumed": {"approved": True}} for i in paused.interrupts
+    ]
+
+
+# -------------------------------------------------------------------------- rules 2-6
+
+
+def test_wrong_resume_token_is_permission_denied(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $10 to wrong-token")
+    body = decision(paused.snapshot_id, "not-the-token", restart=restart_all(paused))
+    event = rejected(dash, body, Status.PERMISSION_DENIED, "resume_token")
+    assert (event.snapshot_id, event.decision_id) == (paused.snapshot_id, body["decision_id"])
+    missing = decision(paused.snapshot_id, None, restart=restart_all(paused))
+    missing.pop("resume_token")
+    rejected(dash, missing, Status.PERMISSION_DENIED)
+    still_answerable(dash, paused)
+
+
+def test_token_of_another_snapshot_is_permission_denied(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $11 to mine")
+    other = dash.paused("Transfer $12 to other")
+    body = decision(paused.snapshot_id, other.resume_token, restart=restart_all(paused))
+    rejected(dash, body, Status.PERMISSION_DENIED)
+    still_answerable(dash, paused)
+    still_answerable(dash, other)
+
+
+def test_wrong_ref_is_invalid_argument(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $13 to wrong-ref")
+    body = decision(
+        paused.snapshot_id,
+        paused.resume_token,
+        restart=[{"name": "transferMoney", "ref": "no-such-ref", "resumed": {"approved": True}}],
+    )
+    rejected(dash, body, Status.INVALID_ARGUMENT, "no-such-ref")
+    still_answerable(dash, paused)
+
+
+def test_restart_input_must_equal_the_interrupted_one(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $14 to modified")
+    [item] = paused.interrupts
+    changed = decision(
+        paused.snapshot_id,
+        paused.resume_token,
+        restart=[
+            {
+                "name": item.name,
+                "ref": item.ref,
+                "input": {"amount": 14000, "toAccount": "modified"},
+                "resumed": {"approved": True},
+            }
+        ],
+    )
+    rejected(dash, changed, Status.INVALID_ARGUMENT, "input")
+    # the same input, in another key order and 14 for 14.0, is accepted
+    same = decision(
+        paused.snapshot_id,
+        paused.resume_token,
+        restart=[
+            {
+                "name": item.name,
+                "ref": item.ref,
+                "input": {"toAccount": "modified", "amount": 14},
+                "resumed": {"approved": True},
+            }
+        ],
+    )
+    dash.publish_json(same)
+    done = dash.resumed_turn(dash.outcome(same["decision_id"]))
+    assert done.type == "turn.completed"
+    assert "transferred $14.00 to modified" in done.message.text  # type: ignore[attr-defined]
+
+
+def test_partial_answer_is_invalid_argument(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $15 to first and $16 to second")
+    first, second = paused.interrupts
+    body = decision(
+        paused.snapshot_id,
+        paused.resume_token,
+        restart=[{"name": first.name, "ref": first.ref, "resumed": {"approved": True}}],
+    )
+    rejected(dash, body, Status.INVALID_ARGUMENT, second.ref)
+    still_answerable(dash, paused)
+
+
+def test_unknown_snapshot_is_not_found(dash: Dashboard) -> None:
+    body = decision(f"no-such-snapshot-{uuid.uuid4()}", "token", restart=[])
+    event = rejected(dash, body, Status.NOT_FOUND)
+    assert event.snapshot_id == body["snapshot_id"]
+
+
+def test_double_decision_one_accepted_one_failed_precondition(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $17 to double")
+    approve = dash.approve_all(paused, approved=True)
+    deny = dash.approve_all(paused, approved=False)
+    dash.publish_json(approve)
+    dash.publish_json(deny)
+    first, second = dash.outcome(approve["decision_id"]), dash.outcome(deny["decision_id"])
+    assert first.type == "decision.accepted", first.model_dump_json()
+    assert second.type == "decision.rejected", second.model_dump_json()
+    assert second.error.status == Status.FAILED_PRECONDITION  # type: ignore[attr-defined]
+    assert "already resumed" in second.error.message  # type: ignore[attr-defined]
+    done = dash.resumed_turn(first)
+    assert "transferred $17.00 to double" in done.message.text  # type: ignore[attr-defined]
+
+    # exactly one outcome each, and exactly one resumed turn
+    dash.consumer_barrier()
+    dash.worker_barrier()
+    assert len(dash.outcomes(approve["decision_id"])) == 1
+    assert len(dash.outcomes(deny["decision_id"])) == 1
+    turns = {
+        e.event_id
+        for e in dash.events(lambda e: e.session_id == paused.session_id)
+        if e.type.startswith("turn.")
+    }
+    assert len(turns) == 2  # the pause and the one completion
+
+
+def test_repeated_decision_id_gets_its_first_outcome_again(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $18 to repeated")
+    body = dash.approve_all(paused)
+    dash.publish_json(body)
+    first = dash.outcome(body["decision_id"])
+    assert first.type == "decision.accepted"
+    dash.resumed_turn(first)
+
+    dash.publish_json(body)  # redelivered, or sent twice by the dashboard
+    again = dash.outcome(body["decision_id"], nth=2)
+    assert again.model_dump() == first.model_dump()  # the same event, same event_id
+
+    dash.worker_barrier()  # had a second resume been enqueued, it has run by now
+    completions = {
+        e.event_id
+        for e in dash.events(lambda e: e.session_id == paused.session_id)
+        if e.type == "turn.completed"
+    }
+    assert len(completions) == 1
+
+
+def test_repeated_rejected_decision_id_is_not_evaluated_again(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $19 to repeated-rejection")
+    body = decision(paused.snapshot_id, "wrong", restart=restart_all(paused))
+    first = rejected(dash, body, Status.PERMISSION_DENIED)
+    # the same decision_id, now with the right token: still the first outcome
+    dash.publish_json({**body, "resume_token": paused.resume_token})
+    again = dash.outcome(body["decision_id"], nth=2)
+    assert again.model_dump() == first.model_dump()
+    still_answerable(dash, paused)
+
+
+# -------------------------------------------------------------------------- rule 1
+
+
+NOT_JSON = b"\x00\xffnot json"
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "reason"),
+    [
+        ("application/json", NOT_JSON, "not JSON"),
+        ("application/x-python-serialize", b"\x80\x04\x95garbage.", "content type"),
+    ],
+    ids=["not-json", "pickle"],
+)
+def test_unreadable_body_is_rejected_and_dead_lettered(
+    dash: Dashboard, stack: QueueStack, content_type: str, body: bytes, reason: str
+) -> None:
+    nonce = str(uuid.uuid4())
+    dead = dead_reader(stack.broker_url)
+    try:
+        dash.publish_raw(body, content_type, headers={"x-test-nonce": nonce})
+        event = dash.wait(
+            lambda e: e.type == "decision.rejected" and e.model_dump()["decision_id"] is None,
+            "decision.rejected with decision_id null",
+        )
+        envelope, headers, dead_type = dead.wait(
+            lambda m: m.get("headers", {}).get("x-test-nonce") == nonce, "dead letter"
+        )
+    finally:
+        dead.close()
+    wire = event.model_dump(mode="json")
+    assert wire["decision_id"] is None
+    assert wire["error"]["status"] == "INVALID_ARGUMENT"
+    assert reason in wire["error"]["message"]
+    # kept on interlock.decisions.dead with the reason, and the body, byte for byte
+    assert dead_type == "application/json"
+    assert envelope["reason"] == wire["error"]["message"]
+    assert headers.get("x-reason") == envelope["reason"]
+    assert base64.b64decode(envelope["body_base64"]) == body
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+"""Valid JSON nested deeper than any parser's recursion limit."""
+
+
+@pytest.mark.parametrize(
+    ("make", "has_id", "reason"),
+    [
+        (lambda d: [d], False, "JSON object"),
+        (lambda d: {**d, "schema_version": 2}, True, "schema_version"),
+        (lambda d: {k: v for k, v in d.items() if k != "schema_version"}, True, "schema_version"),
+        (lambda d: {k: v for k, v in d.items() if k != "snapshot_id"}, True, "snapshot_id"),
+        (lambda d: {**d, "restart": "all of them"}, True, "restart"),
+        (lambda d: {**d, "decision_id": ""}, False, "decision_id"),
+        (lambda d: {**d, "reviewer": "x" * MAX_DECISION_BYTES}, False, "limit"),
+        (lambda d: DEEP, False, "nested too deeply"),
+        (
+            lambda d: {**d, "restart": [{"name": "t", "ref": "r", "resumed": {"x": DEEP}}]},
+            False,
+            "nested",
+        ),
+        (lambda d: {**d, "decision_id": "nul\u0000id"}, False, "NUL"),
+        (lambda d: {**d, "snapshot_id": "nul\u0000snapshot"}, True, "NUL"),
+        (lambda d: {**d, "reviewer": "nul\u0000reviewer"}, True, "NUL"),
+        (lambda d: {**d, "restart": [{"name": "t\u0000", "ref": "r"}]}, True, "NUL"),
+    ],
+    ids=[
+        "array",
+        "schema-version-2",
+        "no-schema-version",
+        "no-snapshot",
+        "bad-restart",
+        "empty-id",
+        "too-big",
+        "deep",
+        "deep-inside",
+        "nul-decision-id",
+        "nul-snapshot-id",
+        "nul-reviewer",
+        "nul-tool-name",
+    ],
+)
+def test_invalid_decision_is_rejected_and_dead_lettered(
+    dash: Dashboard, stack: QueueStack, make: Any, has_id: bool, reason: str
+) -> None:
+    nonce = str(uuid.uuid4())
+    base = decision(f"snap-{nonce}", "token", restart=[])
+    message = make(base)
+    raw = (message if isinstance(message, str) else json.dumps(message)).encode()
+    raw = raw.replace(b'"' + DEEP.encode() + b'"', DEEP.encode())  # unquote a nested DEEP
+    dead = dead_reader(stack.broker_url)
+    try:
+        dash.publish_raw(
+            raw, "application/json", exchange="interlock.decisions", headers={"x-test-nonce": nonce}
+        )
+        if has_id:
+            event = dash.outcome(base["decision_id"])
+        else:
+            event = dash.wait(
+                lambda e: e.type == "decision.rejected" and e.model_dump()["decision_id"] is None,
+                "decision.rejected with decision_id null",
+            )
+        envelope, _, _ = dead.wait(
+            lambda m: m.get("headers", {}).get("x-test-nonce") == nonce, "dead letter"
+        )
+    finally:
+        dead.close()
+    assert event.type == "decision.rejected"
+    assert event.error.status == Status.INVALID_ARGUMENT, event.error  # type: ignore[attr-defined]
+    assert reason in event.error.message, event.error.message  # type: ignore[attr-defined]
+    assert envelope["reason"] == event.error.message  # type: ignore[attr-defined]
+    assert base64.b64decode(envelope["body_base64"]) == raw
+
+
+def test_absurdly_nested_restart_input_is_rejected(dash: Dashboard, stack: QueueStack) -> None:
+    """An input nested 400 levels deep (valid JSON, within the size limit) is a changed
+    input: rejected once with INVALID_ARGUMENT, never requeued; the turn is untouched."""
+    paused = dash.paused("Transfer $22 to deep-input")
+    [item] = paused.interrupts
+    body = decision(
+        paused.snapshot_id,
+        paused.resume_token,
+        restart=[{"name": item.name, "ref": item.ref, "input": "DEEP", "resumed": {}}],
+    )
+    raw = json.dumps(body).replace('"DEEP"', "[" * 400 + "]" * 400).encode()
+    dash.publish_raw(raw, "application/json", exchange="interlock.decisions")
+    event = dash.outcome(body["decision_id"])
+    assert event.type == "decision.rejected", event.model_dump_json()
+    assert event.error.status == Status.INVALID_ARGUMENT, event.error  # type: ignore[attr-defined]
+    assert "changed its input" in event.error.message  # type: ignore[attr-defined]
+    assert event.snapshot_id == paused.snapshot_id
+    still_answerable(dash, paused)
+
+
+def test_consumer_keeps_serving_after_a_burst_of_bad_input(
+    dash: Dashboard, stack: QueueStack
+) -> None:
+    paused = dash.paused("Transfer $20 to survivor")
+    junk: list[tuple[bytes, str]] = [
+        (NOT_JSON, "application/json"),
+        (b"\x80\x04garbage", "application/x-python-serialize"),
+        (b"", "application/json"),
+        (b"null", "application/json"),
+        (b'{"schema_version": 1}', "application/json"),
+        (b"<decision/>", "application/xml"),
+        (DEEP.encode(), "application/json"),
+        (
+            b'{"schema_version": 1, "decision_id": "a\\u0000", "snapshot_id": "s"}',
+            "application/json",
+        ),
+    ]
+    for body, content_type in junk:
+        dash.publish_raw(body, content_type)
+    wrong = decision(paused.snapshot_id, "wrong", restart=restart_all(paused))
+    dash.publish_json(wrong)
+    # after all that, a valid decision on the same paused turn is accepted and runs
+    still_answerable(dash, paused)
+    nulls = dash.events(
+        lambda e: e.type == "decision.rejected" and e.model_dump()["decision_id"] is None
+    )
+    assert len(nulls) == len(junk)
+    assert {e.error.status for e in nulls} == {Status.INVALID_ARGUMENT}  # type: ignore[attr-defined]
+    assert dash.outcomes(wrong["decision_id"])[0].error.status == Status.PERMISSION_DENIED  # type: ignore[attr-defined]
+    # and a fresh turn goes through too
+    assert dash.resolve(dash.paused("Transfer $21 to after")).type == "turn.completed"
+    assert stack.consumer is not None and stack.consumer.alive

@@ -1,0 +1,318 @@
+"""End to end on the queues, with real processes: `interlock worker` (Celery, prefork)
+and `interlock resume-consumer` on a private redis-server (and on RabbitMQ), with a
+PostgreSQL store. The test is the review dashboard: it reads events from queues of its
+own and publishes decisions as plain JSON, as a program in another language would.
+
+The worker and the consumer are started once for the module (per broker); each test
+works on sessions of its own and binds its own event queue, so tests share no state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+from queue_helpers import (
+    AGENT,
+    Dashboard,
+    QueueStack,
+    cli_submit,
+    dashboard_for,
+    decision,
+    interrupted_reader,
+    module_stack,
+    rabbitmq_vhost,
+    stream_queue,
+)
+from sqlalchemy import create_engine, text
+
+from schemas import DecisionRejected, ErrorInfo, Status, TurnExpired
+
+# -------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def redis_stack(tmp_path_factory: pytest.TempPathFactory, pg_admin: str) -> Iterator[QueueStack]:
+    with module_stack(tmp_path_factory.mktemp("e2e-redis"), pg_admin) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_stack(tmp_path_factory: pytest.TempPathFactory, pg_admin: str) -> Iterator[QueueStack]:
+    with (
+        rabbitmq_vhost() as url,
+        module_stack(tmp_path_factory.mktemp("e2e-rabbitmq"), pg_admin, url) as stack,
+    ):
+        yield stack
+
+
+@pytest.fixture
+def stack(request: pytest.FixtureRequest) -> QueueStack:
+    """The Redis stack, or the one named by `parametrize("stack", [...], indirect=True)`."""
+    backend = getattr(request, "param", "redis")
+    found: QueueStack = request.getfixturevalue(f"{backend}_stack")
+    return found
+
+
+@pytest.fixture
+def dash(stack: QueueStack, request: pytest.FixtureRequest) -> Iterator[Dashboard]:
+    with dashboard_for(stack, request) as dashboard:
+        yield dashboard
+
+
+def text_of(event: Any) -> str:
+    assert event.type == "turn.completed", event.model_dump_json()
+    assert event.message is not None
+    return str(event.message.text)
+
+
+def txn_ids(answer: str) -> list[str]:
+    return re.findall(r"txn-[0-9a-f]{12}", answer)
+
+
+# -------------------------------------------------------------------------- happy path
+
+
+@pytest.mark.parametrize("stack", ["redis", "rabbitmq"], indirect=True)
+def test_happy_path_submit_interrupt_decide_complete(stack: QueueStack, dash: Dashboard) -> None:
+    reader = interrupted_reader(stack.broker_url)  # the real interlock.interrupted queue
+    try:
+        submitted = cli_submit(stack, "Transfer $500 to savings")
+        session_id = submitted["session_id"]
+        body, _headers, content_type = reader.wait(
+            lambda m: m.get("session_id") == session_id, f"turn.interrupted of {session_id}"
+        )
+    finally:
+        reader.close()
+
+    # turn.interrupted, as JSON on the wire
+    assert content_type == "application/json"
+    assert body["schema_version"] == 1
+    assert body["type"] == "turn.interrupted"
+    assert body["agent"] == AGENT
+    assert body["turn_id"] == submitted["turn_id"]
+    uuid.UUID(body["event_id"])
+    assert datetime.fromisoformat(body["occurred_at"]).tzinfo is not None
+    assert body["expires_at"] is None
+    [item] = body["interrupts"]
+    assert item["name"] == "transferMoney"
+    assert item["input"] == {"amount": 500.0, "toAccount": "savings"}
+    assert item["payload"] == {"action": "transferMoney", "details": "Transfer $500.00 to savings"}
+    assert item["ref"]
+    token = body["resume_token"]
+    assert isinstance(token, str) and len(token) >= 16
+    request = body["message"]["content"][0]["toolRequest"]
+    assert body["message"]["role"] == "model"
+    assert (request["name"], request["ref"]) == ("transferMoney", item["ref"])
+
+    # the dashboard's own "#" queue got the same event
+    seen = dash.turn_event(session_id)
+    assert seen.event_id == body["event_id"]
+
+    # a decision written by hand, as plain JSON, on the default exchange
+    decision_id = str(uuid.uuid4())
+    dash.publish_json(
+        {
+            "schema_version": 1,
+            "decision_id": decision_id,
+            "snapshot_id": body["snapshot_id"],
+            "resume_token": token,
+            "reviewer": "alice@example.com",
+            "restart": [
+                {"name": "transferMoney", "ref": item["ref"], "resumed": {"approved": True}}
+            ],
+        },
+        exchange="",
+    )
+    accepted = dash.outcome(decision_id)
+    assert accepted.type == "decision.accepted", accepted.model_dump_json()
+    assert accepted.model_dump()["reviewer"] == "alice@example.com"
+    assert (accepted.snapshot_id, accepted.session_id) == (body["snapshot_id"], session_id)
+    assert accepted.agent == AGENT
+
+    completed = dash.resumed_turn(accepted)
+    answer = text_of(completed)
+    assert completed.model_dump()["finish_reason"] == "stop"
+    assert answer.startswith("Done: transferred $500.00 to savings, transaction txn-"), answer
+    assert len(txn_ids(answer)) == 1
+    assert completed.turn_id == accepted.turn_id  # the resumed turn is the accepted one
+    assert completed.snapshot_id != body["snapshot_id"]
+
+    # the token is kept only as a hash, and erased from the outbox once published
+    engine = create_engine(stack.store_url)
+    try:
+        with engine.connect() as conn:
+            stored = conn.execute(
+                text("SELECT resume_token_hash, resumed_by FROM interlock_snapshot"
+                     " WHERE snapshot_id = :s"),
+                {"s": body["snapshot_id"]},
+            ).one()  # fmt: skip
+            outbox = conn.execute(
+                text("SELECT body, sent_at FROM interlock_outbox WHERE event_id = :e"),
+                {"e": body["event_id"]},
+            ).one()
+    finally:
+        engine.dispose()
+    assert stored.resume_token_hash == hashlib.sha256(token.encode()).hexdigest()
+    assert stored.resumed_by == decision_id
+    assert outbox.sent_at is not None
+    assert json.loads(outbox.body)["resume_token"] is None
+    assert token not in outbox.body
+
+
+# -------------------------------------------------------------------------- flows
+
+
+def test_denial_ends_in_a_declined_answer(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $75 to checking")
+    done = dash.resolve(paused, approved=False)
+    answer = text_of(done)
+    assert answer == "The transfer of $75.00 to checking was declined.", answer
+    assert "txn-" not in answer
+
+
+def test_two_interrupts_answered_in_one_decision(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $1 to alice and $2 to bob")
+    alice, bob = paused.interrupts
+    assert [alice.name, bob.name] == ["transferMoney", "transferMoney"]
+    assert alice.input == {"amount": 1.0, "toAccount": "alice"}
+    assert bob.input == {"amount": 2.0, "toAccount": "bob"}
+    assert alice.ref != bob.ref
+
+    body = decision(
+        paused.snapshot_id,
+        paused.resume_token,
+        respond=[
+            {
+                "name": "transferMoney",
+                "ref": alice.ref,
+                "output": {"success": True, "transactionId": "manual-42"},
+            }
+        ],
+        restart=[{"name": "transferMoney", "ref": bob.ref, "resumed": {"approved": True}}],
+    )
+    dash.publish_json(body)
+    answer = text_of(dash.resumed_turn(dash.outcome(body["decision_id"])))
+    # alice's transfer was answered without running the tool; bob's ran
+    assert answer.startswith(
+        "Done: transferred $1.00 to alice, transaction manual-42. "
+        "Done: transferred $2.00 to bob, transaction txn-"
+    ), answer
+    assert len(txn_ids(answer)) == 1
+
+
+def test_repausing_after_the_resume(dash: Dashboard) -> None:
+    first = dash.paused("Transfer $1 to a then $2 to b")
+    [one] = first.interrupts
+    assert one.input == {"amount": 1.0, "toAccount": "a"}
+
+    second = dash.resolve(first)
+    assert second.type == "turn.interrupted", second.model_dump_json()
+    assert second.snapshot_id != first.snapshot_id
+    assert second.resume_token and second.resume_token != first.resume_token
+    [two] = second.interrupts
+    assert two.input == {"amount": 2.0, "toAccount": "b"}
+    assert two.ref != one.ref
+
+    # the first pause's token does not open the second one
+    stale = dash.approve_all(second)
+    stale["resume_token"] = first.resume_token
+    dash.publish_json(stale)
+    rejected = dash.outcome(stale["decision_id"])
+    assert rejected.type == "decision.rejected"
+    assert rejected.error.status == Status.PERMISSION_DENIED  # type: ignore[attr-defined]
+
+    done = dash.resolve(second)
+    answer = text_of(done)
+    assert answer.startswith("Done: transferred $1.00 to a, transaction txn-"), answer
+    assert "Done: transferred $2.00 to b, transaction txn-" in answer
+    ids = txn_ids(answer)
+    assert len(ids) == 2 and ids[0] != ids[1]
+
+
+def test_message_to_a_paused_session_fails_and_keeps_the_pause(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $5 to waiting")
+    dash.submit("Transfer $6 to impatient", session_id=paused.session_id)
+    failed = dash.turn_event(paused.session_id, exclude={paused.snapshot_id})
+    assert failed.type == "turn.failed", failed.model_dump_json()
+    wire = failed.model_dump(mode="json")
+    assert wire["error"]["status"] == "FAILED_PRECONDITION"
+    assert "answer the pending interrupts first" in wire["error"]["message"]
+    assert paused.interrupts[0].ref in wire["error"]["message"]
+    assert wire["snapshot_id"] is None  # refused before it ran: no snapshot of its own
+    assert wire["last_snapshot_id"] == paused.snapshot_id  # where the session continues
+    done = dash.resolve(paused)
+    assert "transferred $5.00 to waiting" in text_of(done)
+
+
+# -------------------------------------------------------------------------- topics
+
+
+@pytest.mark.parametrize("stack", ["redis", "rabbitmq"], indirect=True)
+def test_topic_patterns_get_every_matching_event(stack: QueueStack, dash: Dashboard) -> None:
+    turns = stream_queue(dash.conn, "turn.*")
+    decisions = stream_queue(dash.conn, "decision.#")
+    try:
+        paused = dash.paused("Transfer $9 to topics")
+        done = dash.resolve(paused)
+        assert done.type == "turn.completed"
+        decision_event = dash.events(
+            lambda e: e.type == "decision.accepted" and e.session_id == paused.session_id
+        )
+        assert len(decision_event) == 1
+
+        # Every event of the flow has been published (the "#" queue saw it). A marker
+        # published now on each pattern comes after all of them on every queue it
+        # matches: read each queue up to its marker.
+        marker = str(uuid.uuid4())
+        dash.publish_event(TurnExpired(session_id=marker))
+        dash.publish_event(
+            DecisionRejected(
+                session_id=marker, error=ErrorInfo(status=Status.CANCELLED, message="marker")
+            )
+        )
+        got_turns = _read_until_marker(turns, marker, "turn.expired")
+        got_decisions = _read_until_marker(decisions, marker, "decision.rejected")
+    finally:
+        turns.close(delete=True)
+        decisions.close(delete=True)
+
+    mine = {paused.session_id}
+    assert [(e.type, e.snapshot_id) for e in _unique(got_turns) if e.session_id in mine] == [
+        ("turn.interrupted", paused.snapshot_id),
+        ("turn.completed", done.snapshot_id),
+    ]
+    assert all(e.type.startswith("turn.") for e in got_turns), [e.type for e in got_turns]
+    assert [(e.type, e.event_id) for e in _unique(got_decisions) if e.session_id in mine] == [
+        ("decision.accepted", decision_event[0].event_id)
+    ]
+    assert all(e.type.startswith("decision.") for e in got_decisions), [
+        e.type for e in got_decisions
+    ]
+
+
+def _read_until_marker(stream: Any, marker: str, marker_type: str) -> list[Any]:
+    got: list[Any] = []
+    while True:
+        event = stream.next(30)
+        if event.session_id == marker:
+            assert event.type == marker_type
+            return got
+        got.append(event)
+
+
+def _unique(events: list[Any]) -> list[Any]:
+    """Events once each (the outbox relay may publish one twice; ids tell)."""
+    seen: set[str] = set()
+    out = []
+    for e in events:
+        if e.event_id not in seen:
+            seen.add(e.event_id)
+            out.append(e)
+    return out
