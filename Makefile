@@ -38,6 +38,18 @@ typecheck: $(STAMP) ## mypy strict on the packages
 schemas: $(STAMP) ## regenerate docs/schemas from the message models
 	$(BIN)/interlock schemas --out docs/schemas
 
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
+# One JSON line per benchmark (bench/README.md). ARGS=--quick for a smoke run.
+# Next: $(BIN)/python -m bench.queue_cycle $(ARGS)   (the queued cycle, to come)
+bench: $(BENCH_STAMP) ## benchmarks against LangGraph and Pydantic AI, one JSON line each
+	$(BIN)/python -m bench.cycle $(ARGS)
+	$(BIN)/python -m bench.growth $(ARGS)
+
 check: lint typecheck test ## lint, typecheck and test
 
 clean: ## remove the venv and caches

@@ -14,7 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from schemas import Part, Status, ToolDefinition
 
-from ._json import to_json_value
+from ._json import copy_json, to_json_value
 from .context import ToolContext
 from .errors import StatusError
 from .interrupts import interrupt_as, respond, restart
@@ -81,6 +81,7 @@ class Tool(Generic[In, Out]):
         self._in = TypeAdapter(self.input_type)
         self._out = TypeAdapter(self.output_type)
         self._res = TypeAdapter(self.resume_type)
+        self._schemas: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
@@ -89,11 +90,20 @@ class Tool(Generic[In, Out]):
         return run_sync(self.fn(*args, **kwargs))
 
     def definition(self) -> ToolDefinition:
+        """The tool as a model sees it. The JSON Schemas are generated once per tool (they
+        depend only on its annotations); each call returns fresh copies of them, so a model
+        plugin may edit what it gets."""
+        if self._schemas is None:
+            self._schemas = (
+                self._in.json_schema(by_alias=True),
+                self._out.json_schema(by_alias=True),
+            )
+        input_schema, output_schema = self._schemas
         return ToolDefinition(
             name=self.name,
             description=self.description,
-            input_schema=self._in.json_schema(by_alias=True),
-            output_schema=self._out.json_schema(by_alias=True),
+            input_schema=copy_json(input_schema),
+            output_schema=copy_json(output_schema),
         )
 
     # -- validation -------------------------------------------------------------------

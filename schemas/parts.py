@@ -58,8 +58,15 @@ class Part(WireModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Part:
-        present = [f for f in _CONTENT_FIELDS if getattr(self, f) is not None]
-        if len(present) != 1:
+        # Runs for every part parsed (a long history loads thousands): count the set
+        # fields without building a list first.
+        values = self.__dict__
+        count = 0
+        for name in _CONTENT_FIELDS:
+            if values[name] is not None:
+                count += 1
+        if count != 1:
+            present = [f for f in _CONTENT_FIELDS if values[f] is not None]
             raise ValueError(
                 "a part holds exactly one of text, data, media, toolRequest, toolResponse, "
                 f"reasoning, custom; got {len(present)} ({', '.join(present) or 'none'})"

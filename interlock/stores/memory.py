@@ -2,11 +2,60 @@
 
 from __future__ import annotations
 
+import copy
 import threading
+from collections.abc import Iterable
+from datetime import date, datetime, time, timedelta
+from enum import Enum
+from typing import Any, cast
+
+from pydantic import BaseModel
 
 from schemas import FinishReason, Snapshot, SnapshotStatus, utcnow
 
 __all__ = ["InMemorySessionStore"]
+
+# Immutable: a deep copy may share them. The exact types first (a set lookup), then
+# their subclasses (str enums and the like).
+_ATOMIC = (str, int, float, bool, type(None), datetime, date, time, timedelta, Enum)
+_ATOMIC_TYPES = frozenset(_ATOMIC)
+_MODEL_TYPES: dict[type, bool] = {}  # type -> is it a pydantic model
+
+
+def _clone(value: Any) -> Any:
+    """A deep copy, as `copy.deepcopy` makes one, but fast for what snapshots hold:
+    pydantic models, dicts and lists of JSON values. Immutable values (str, numbers,
+    enums, datetimes) are shared rather than rebuilt; anything else goes through
+    `copy.deepcopy`. Used where the store copied with `model_copy(deep=True)`."""
+    kind = type(value)
+    if kind in _ATOMIC_TYPES:
+        return value
+    if kind is dict:
+        return {k: v if type(v) in _ATOMIC_TYPES else _clone(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _ATOMIC_TYPES else _clone(v) for v in value]
+    is_model = _MODEL_TYPES.get(kind)
+    if is_model is None:
+        is_model = _MODEL_TYPES[kind] = issubclass(kind, BaseModel)
+    if not is_model and isinstance(value, _ATOMIC):
+        return value
+    if is_model and value.__pydantic_extra__ is None:
+        private = value.__pydantic_private__
+        if not private:  # what `BaseModel.__copy__` does, with the values copied deeply
+            clone = object.__new__(kind)
+            fields = {
+                k: v if type(v) in _ATOMIC_TYPES else _clone(v) for k, v in value.__dict__.items()
+            }
+            object.__setattr__(clone, "__dict__", fields)
+            object.__setattr__(clone, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
+            object.__setattr__(clone, "__pydantic_extra__", None)
+            object.__setattr__(clone, "__pydantic_private__", None if private is None else {})
+            return clone
+    return copy.deepcopy(value)
+
+
+def _copy(snapshot: Snapshot) -> Snapshot:
+    return cast(Snapshot, _clone(snapshot))
 
 
 def _claimable(snap: Snapshot) -> bool:
@@ -16,29 +65,38 @@ def _claimable(snap: Snapshot) -> bool:
 
 
 class InMemorySessionStore:
-    """Keeps snapshots in a dict. Claims are atomic across threads, not processes."""
+    """Keeps snapshots in a dict. Claims are atomic across threads, not processes.
+
+    Snapshots are copied on the way in and out, so callers never share one with the store.
+    `_snapshots` keeps first-save order (a replace keeps its place), which is the order
+    of `list_snapshots`, newest first; `_sessions` indexes it by session."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._snapshots: dict[str, Snapshot] = {}
-        self._order: dict[str, int] = {}
-        self._seq = 0
+        self._sessions: dict[str, list[str]] = {}
 
     def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
         with self._lock:
             snap = self._snapshots.get(snapshot_id)
-            return snap.model_copy(deep=True) if snap is not None else None
+            return _copy(snap) if snap is not None else None
 
     def get_latest_snapshot(self, session_id: str) -> Snapshot | None:
         found = self.list_snapshots(session_id=session_id, limit=1)
         return found[0] if found else None
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
+        copied = _copy(snapshot)
         with self._lock:
-            if snapshot.snapshot_id not in self._order:
-                self._seq += 1
-                self._order[snapshot.snapshot_id] = self._seq
-            self._snapshots[snapshot.snapshot_id] = snapshot.model_copy(deep=True)
+            old = self._snapshots.get(snapshot.snapshot_id)
+            self._snapshots[snapshot.snapshot_id] = copied
+            if old is None:
+                self._sessions.setdefault(snapshot.session_id, []).append(snapshot.snapshot_id)
+            elif old.session_id != snapshot.session_id:  # moved to another session: reindex
+                for session in (old.session_id, snapshot.session_id):
+                    self._sessions[session] = [
+                        sid for sid, s in self._snapshots.items() if s.session_id == session
+                    ]
 
     def claim(self, snapshot_id: str, by: str) -> bool:
         with self._lock:
@@ -66,18 +124,23 @@ class InMemorySessionStore:
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
+        out: list[Snapshot] = []
+        if limit <= 0:
+            return out
         with self._lock:
-            snaps = sorted(
-                self._snapshots.values(),
-                key=lambda s: self._order[s.snapshot_id],
-                reverse=True,
+            ids: Iterable[str] = (
+                reversed(self._sessions.get(session_id, ()))
+                if session_id is not None
+                else reversed(self._snapshots)
             )
-            out = [
-                s.model_copy(deep=True)
-                for s in snaps
-                if (session_id is None or s.session_id == session_id)
-                and (status is None or s.status == status)
-                and (finish_reason is None or s.finish_reason == finish_reason)
-                and (claimed is None or (s.resumed_by is not None) == claimed)
-            ]
-            return out[:limit]
+            for sid in ids:
+                s = self._snapshots[sid]
+                if (
+                    (status is None or s.status == status)
+                    and (finish_reason is None or s.finish_reason == finish_reason)
+                    and (claimed is None or (s.resumed_by is not None) == claimed)
+                ):
+                    out.append(_copy(s))
+                    if len(out) >= limit:
+                        break
+            return out

@@ -27,8 +27,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any, ClassVar
 
+from pydantic import TypeAdapter
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -40,6 +42,7 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
+    bindparam,
     case,
     delete,
     event,
@@ -56,6 +59,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping, make_url
 from sqlalchemy.orm import registry
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
+from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.selectable import Select
 from sqlmodel import Field, SQLModel, create_engine
 
 from schemas import ErrorInfo, FinishReason, Message, Snapshot, SnapshotStatus, Status, utcnow
@@ -158,6 +163,74 @@ class MessageRow(_Row, table=True):
 _SNAP: Table = metadata.tables["interlock_snapshot"]
 _MSG: Table = metadata.tables["interlock_message"]
 
+# The statements of the hot path are built once, with bound parameters, so SQLAlchemy
+# neither rebuilds them nor recomputes their cache keys on every call: it only binds.
+_SNAPSHOT_EXISTS = select(_SNAP.c.seq).where(_SNAP.c.snapshot_id == bindparam("p_sid"))
+_PARENT_LEN = select(_SNAP.c.message_count).where(_SNAP.c.snapshot_id == bindparam("p_parent"))
+_DELETE_MESSAGES = delete(_MSG).where(_MSG.c.snapshot_id == bindparam("p_sid"))
+_INSERT_MESSAGES = insert(_MSG)
+_CLAIM = (
+    update(_SNAP)
+    .where(
+        _SNAP.c.snapshot_id == bindparam("p_sid"),
+        _SNAP.c.status == SnapshotStatus.COMPLETED.value,
+        _SNAP.c.finish_reason == FinishReason.INTERRUPTED.value,
+        or_(_SNAP.c.resumed_by.is_(None), _SNAP.c.resumed_by == bindparam("p_by")),
+    )
+    .values(resumed_by=bindparam("p_by"), updated_at=bindparam("p_now"))
+)
+_RELEASE = (
+    update(_SNAP)
+    .where(_SNAP.c.snapshot_id == bindparam("p_sid"), _SNAP.c.resumed_by == bindparam("p_by"))
+    .values(resumed_by=None, updated_at=bindparam("p_now"))
+)
+# Every column of a snapshot row but `seq` (kept on replace: it is the first-save order).
+_ROW_COLUMNS = tuple(c.name for c in _SNAP.c if c.name != "seq")
+_CHANGED_COLUMNS = tuple(c for c in _ROW_COLUMNS if c != "snapshot_id")
+_UPDATE_ROW = (
+    update(_SNAP)
+    .where(_SNAP.c.snapshot_id == bindparam("p_sid"))
+    .values({c: bindparam(c) for c in _CHANGED_COLUMNS})
+)
+_INSERT_ROW = insert(_SNAP)
+
+
+@cache
+def _insert_new_statement(dialect: str) -> Insert | None:
+    """INSERT .. ON CONFLICT (snapshot_id) DO NOTHING, where the dialect has it: one
+    statement for a new snapshot (the usual save), an UPDATE after it for a replace."""
+    if dialect == "postgresql":
+        return postgresql.insert(_SNAP).on_conflict_do_nothing(index_elements=[_SNAP.c.snapshot_id])
+    if dialect == "sqlite":
+        return sqlite.insert(_SNAP).on_conflict_do_nothing(index_elements=[_SNAP.c.snapshot_id])
+    return None
+
+
+@cache
+def _list_statement(
+    session: bool, status: bool, finish_reason: bool, claimed: bool | None
+) -> Select[Any]:
+    """The snapshot rows of a `list_snapshots` with these filters, newest first; the
+    filter values and the limit are bound parameters (`p_session`, ..., `p_limit`)."""
+    conds: list[Any] = []
+    if session:
+        conds.append(_SNAP.c.session_id == bindparam("p_session"))
+    if status:
+        conds.append(_SNAP.c.status == bindparam("p_status"))
+    if finish_reason:
+        conds.append(_SNAP.c.finish_reason == bindparam("p_finish_reason"))
+    if claimed is not None:
+        conds.append(_SNAP.c.resumed_by.is_not(None) if claimed else _SNAP.c.resumed_by.is_(None))
+    return (
+        select(_SNAP)
+        .where(and_(true(), *conds))
+        .order_by(_SNAP.c.seq.desc())
+        .limit(bindparam("p_limit", type_=Integer))
+    )
+
+
+_GET_SNAPSHOT = select(_SNAP).where(_SNAP.c.snapshot_id == bindparam("p_sid"))
+
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine configured the way the store needs it.
@@ -195,7 +268,13 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         write = conn.get_execution_options().get("interlock_write", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+        # Straight to the driver: this runs for every transaction, and SQLAlchemy's
+        # statement machinery would cost more than the BEGIN itself.
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        finally:
+            cursor.close()
 
     return engine
 
@@ -267,7 +346,7 @@ class SqlSessionStore:
     # ------------------------------------------------------------------- reads
 
     def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
-        found = self._load(_SNAP.c.snapshot_id == snapshot_id, limit=1)
+        found = self._load(_GET_SNAPSHOT, {"p_sid": snapshot_id})
         return found[0] if found else None
 
     def get_latest_snapshot(self, session_id: str) -> Snapshot | None:
@@ -282,28 +361,26 @@ class SqlSessionStore:
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
-        conds: list[Any] = []
+        params: dict[str, Any] = {"p_limit": limit}
         if session_id is not None:
-            conds.append(_SNAP.c.session_id == session_id)
+            params["p_session"] = session_id
         if status is not None:
-            conds.append(_SNAP.c.status == SnapshotStatus(status).value)
+            params["p_status"] = SnapshotStatus(status).value
         if finish_reason is not None:
-            conds.append(_SNAP.c.finish_reason == FinishReason(finish_reason).value)
-        if claimed is not None:
-            conds.append(
-                _SNAP.c.resumed_by.is_not(None) if claimed else _SNAP.c.resumed_by.is_(None)
-            )
-        return self._load(and_(true(), *conds), limit=limit)
-
-    def _load(self, where: Any, limit: int) -> list[Snapshot]:
+            params["p_finish_reason"] = FinishReason(finish_reason).value
         if limit <= 0:
             return []
+        stmt = _list_statement(
+            session_id is not None,
+            status is not None,
+            finish_reason is not None,
+            None if claimed is None else bool(claimed),
+        )
+        return self._load(stmt, params)
+
+    def _load(self, stmt: Select[Any], params: dict[str, Any]) -> list[Snapshot]:
         with self._reader.connect() as conn, conn.begin():
-            rows = (
-                conn.execute(select(_SNAP).where(where).order_by(_SNAP.c.seq.desc()).limit(limit))
-                .mappings()
-                .all()
-            )
+            rows = conn.execute(stmt, params).mappings().all()
             histories = _histories(conn, rows)
         return [_to_snapshot(r, histories[r["snapshot_id"]]) for r in rows]
 
@@ -319,24 +396,22 @@ class SqlSessionStore:
         sid = snapshot.snapshot_id
         with self._writer.begin() as conn:
             if self._save_hooks:
-                created = (
-                    conn.execute(select(_SNAP.c.seq).where(_SNAP.c.snapshot_id == sid)).first()
-                    is None
-                )
+                created = conn.execute(_SNAPSHOT_EXISTS, {"p_sid": sid}).first() is None
                 for hook in self._save_hooks:
                     hook(conn, snapshot, created)
             base = self._storage_base(conn, snapshot)
             values = _row_values(snapshot, base)
             # The snapshot row first: on PostgreSQL its row lock serializes concurrent
-            # saves of the same id before their message rows are touched.
-            _upsert(conn, values)
-            conn.execute(delete(_MSG).where(_MSG.c.snapshot_id == sid))
+            # saves of the same id before their message rows are touched. A new row has
+            # no message rows yet (they cascade from it), so only a replace deletes them.
+            if not _write_row(conn, values):
+                conn.execute(_DELETE_MESSAGES, {"p_sid": sid})
             own = [
                 {"snapshot_id": sid, "idx": i, "body": snapshot.messages[i].model_dump_json()}
                 for i in range(base, len(snapshot.messages))
             ]
             if own:
-                conn.execute(insert(_MSG), own)
+                conn.execute(_INSERT_MESSAGES, own)
 
     def _storage_base(self, conn: Connection, snapshot: Snapshot) -> int:
         """How many leading messages this save may leave to the parent's rows."""
@@ -344,9 +419,7 @@ class SqlSessionStore:
         parent = snapshot.parent_id
         if want == 0 or parent is None or parent == snapshot.snapshot_id:
             return 0
-        parent_len = conn.execute(
-            select(_SNAP.c.message_count).where(_SNAP.c.snapshot_id == parent)
-        ).scalar_one_or_none()
+        parent_len = conn.execute(_PARENT_LEN, {"p_parent": parent}).scalar_one_or_none()
         if parent_len is None or parent_len < want:
             _log.warning(
                 "snapshot %s inherits %d messages from %s, which has %s; storing all of them",
@@ -359,27 +432,14 @@ class SqlSessionStore:
         return want
 
     def claim(self, snapshot_id: str, by: str) -> bool:
-        stmt = (
-            update(_SNAP)
-            .where(
-                _SNAP.c.snapshot_id == snapshot_id,
-                _SNAP.c.status == SnapshotStatus.COMPLETED.value,
-                _SNAP.c.finish_reason == FinishReason.INTERRUPTED.value,
-                or_(_SNAP.c.resumed_by.is_(None), _SNAP.c.resumed_by == by),
-            )
-            .values(resumed_by=by, updated_at=_to_db(utcnow()))
-        )
+        params = {"p_sid": snapshot_id, "p_by": by, "p_now": _to_db(utcnow())}
         with self._writer.begin() as conn:
-            return conn.execute(stmt).rowcount == 1
+            return conn.execute(_CLAIM, params).rowcount == 1
 
     def release(self, snapshot_id: str, by: str) -> None:
-        stmt = (
-            update(_SNAP)
-            .where(_SNAP.c.snapshot_id == snapshot_id, _SNAP.c.resumed_by == by)
-            .values(resumed_by=None, updated_at=_to_db(utcnow()))
-        )
+        params = {"p_sid": snapshot_id, "p_by": by, "p_now": _to_db(utcnow())}
         with self._writer.begin() as conn:
-            conn.execute(stmt)
+            conn.execute(_RELEASE, params)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -415,44 +475,23 @@ def _row_values(s: Snapshot, base: int) -> dict[str, Any]:
     }
 
 
-def _upsert(conn: Connection, values: dict[str, Any]) -> None:
-    """Insert the snapshot row, or replace it in place (keeping `seq`, its first-save order)."""
+def _write_row(conn: Connection, values: dict[str, Any]) -> bool:
+    """Insert the snapshot row, or replace it in place (keeping `seq`, its first-save
+    order). True when the row is new."""
+    insert_new = _insert_new_statement(conn.dialect.name)
+    if insert_new is not None and conn.execute(insert_new, values).rowcount == 1:
+        return True
     changes = {k: v for k, v in values.items() if k != "snapshot_id"}
-    if conn.dialect.name == "postgresql":
-        pg = postgresql.insert(_SNAP).values(values)
-        conn.execute(
-            pg.on_conflict_do_update(
-                index_elements=[_SNAP.c.snapshot_id], set_={k: pg.excluded[k] for k in changes}
-            )
-        )
-        return
-    if conn.dialect.name == "sqlite":
-        lite = sqlite.insert(_SNAP).values(values)
-        conn.execute(
-            lite.on_conflict_do_update(
-                index_elements=[_SNAP.c.snapshot_id], set_={k: lite.excluded[k] for k in changes}
-            )
-        )
-        return
-    done = conn.execute(
-        update(_SNAP).where(_SNAP.c.snapshot_id == values["snapshot_id"]).values(changes)
-    )
-    if done.rowcount == 0:
-        conn.execute(insert(_SNAP).values(values))
+    if conn.execute(_UPDATE_ROW, {"p_sid": values["snapshot_id"], **changes}).rowcount == 1:
+        return False
+    conn.execute(_INSERT_ROW, values)
+    return True
 
 
-def _histories(conn: Connection, rows: Sequence[RowMapping]) -> dict[str, list[Message]]:
-    """The whole message history of each snapshot row, in one recursive query.
-
-    The chain walks from each snapshot to its ancestors while the current link still
-    inherits something. Each link contributes its own rows below `upper`, the smallest
-    `inherited` of the links below it, so every position comes from exactly one link.
-    """
-    out: dict[str, list[Message]] = {r["snapshot_id"]: [] for r in rows}
-    ids = [r["snapshot_id"] for r in rows if r["message_count"] > 0]
-    if not ids:
-        return out
-
+def _history_statement(many: bool) -> Select[Any]:
+    """The messages of the snapshots `p_ids` (an expanding parameter) or, for the usual
+    single snapshot, of `p_id` (cheaper to bind), by snapshot and position: a recursive
+    walk up each parent chain (see `_histories`)."""
     seed = select(
         _SNAP.c.snapshot_id.label("root"),
         _SNAP.c.snapshot_id.label("link"),
@@ -460,7 +499,11 @@ def _histories(conn: Connection, rows: Sequence[RowMapping]) -> dict[str, list[M
         _SNAP.c.inherited.label("inherited"),
         _SNAP.c.message_count.label("upper"),
         literal(0, Integer).label("depth"),
-    ).where(_SNAP.c.snapshot_id.in_(ids))
+    ).where(
+        _SNAP.c.snapshot_id.in_(bindparam("p_ids", expanding=True))
+        if many
+        else _SNAP.c.snapshot_id == bindparam("p_id")
+    )
     chain = seed.cte("interlock_chain", recursive=True)
     parent = _SNAP.alias("interlock_parent")
     step = select(
@@ -476,16 +519,43 @@ def _histories(conn: Connection, rows: Sequence[RowMapping]) -> dict[str, list[M
         chain.c.depth < _MAX_CHAIN,
     )
     chain = chain.union_all(step)
-    query = (
+    return (
         select(chain.c.root, _MSG.c.idx, _MSG.c.body)
         .select_from(chain)
         .join(_MSG, and_(_MSG.c.snapshot_id == chain.c.link, _MSG.c.idx < chain.c.upper))
         .order_by(chain.c.root, _MSG.c.idx)
     )
+
+
+_HISTORY_ONE = _history_statement(many=False)
+_HISTORY_MANY = _history_statement(many=True)
+_MESSAGES = TypeAdapter(list[Message])
+
+
+def _histories(conn: Connection, rows: Sequence[RowMapping]) -> dict[str, list[Message]]:
+    """The whole message history of each snapshot row, in one recursive query.
+
+    The chain walks from each snapshot to its ancestors while the current link still
+    inherits something. Each link contributes its own rows below `upper`, the smallest
+    `inherited` of the links below it, so every position comes from exactly one link.
+    """
+    out: dict[str, list[Message]] = {r["snapshot_id"]: [] for r in rows}
+    ids = [r["snapshot_id"] for r in rows if r["message_count"] > 0]
+    if not ids:
+        return out
     positions: dict[str, list[int]] = {sid: [] for sid in ids}
-    for root, idx, body in conn.execute(query):
+    bodies: dict[str, list[str]] = {sid: [] for sid in ids}
+    found = (
+        conn.execute(_HISTORY_ONE, {"p_id": ids[0]})
+        if len(ids) == 1
+        else conn.execute(_HISTORY_MANY, {"p_ids": ids})
+    )
+    for root, idx, body in found.all():
         positions[root].append(idx)
-        out[root].append(Message.model_validate_json(body))
+        bodies[root].append(body)
+    for sid, texts in bodies.items():
+        # One parse per history (a JSON array of the bodies), not one per message.
+        out[sid] = _MESSAGES.validate_json("[" + ",".join(texts) + "]")
 
     expected = {r["snapshot_id"]: r["message_count"] for r in rows}
     for sid in ids:

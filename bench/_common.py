@@ -1,0 +1,120 @@
+"""Helpers shared by the benchmarks: the banking cycle, timing figures, versions, output."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from importlib import metadata
+from typing import Any
+
+from examples.banking import TransferOutput, bankingAgent, transferMoney
+from interlock import Agent, AgentOutput, FinishReason, ToolResume
+
+__all__ = [
+    "PROMPT",
+    "banking_agent",
+    "emit",
+    "interlock_cycle",
+    "percentile",
+    "summarize",
+    "versions",
+]
+
+PROMPT = "Transfer $500 to savings"
+SCRIPTED_MODEL = "scripted/banking"
+
+_PACKAGES = (
+    "interlock",
+    "pydantic",
+    "pydantic-core",
+    "sqlalchemy",
+    "sqlmodel",
+    "langgraph",
+    "langgraph-checkpoint",
+    "langgraph-checkpoint-sqlite",
+    "langchain-core",
+    "pydantic-ai-slim",
+)
+
+
+def versions() -> dict[str, str | None]:
+    """The Python and package versions of this run (None: not installed)."""
+    found: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "sqlite": _sqlite_version(),
+    }
+    for name in _PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _sqlite_version() -> str:
+    import sqlite3
+
+    return sqlite3.sqlite_version
+
+
+def interlock_cycle(
+    agent: Agent,
+    i: int,
+    *,
+    session_id: str | None = None,
+    snapshot_id: str | None = None,
+) -> AgentOutput:
+    """One interrupt-and-resume cycle of the banking agent: the transfer request pauses
+    for approval, the caller answers with the tool's output, the turn completes.
+
+    Without `session_id`/`snapshot_id` it starts a new session; with them it continues
+    that session (or branches from that snapshot). The resume addresses the session, as
+    the README does."""
+    out = agent.run_text(PROMPT, session_id=session_id, snapshot_id=snapshot_id)
+    if out.finish_reason != FinishReason.INTERRUPTED:
+        raise AssertionError(f"expected an interrupt, got {out.finish_reason}")
+    reply = transferMoney.respond(
+        out.interrupts[0], TransferOutput(success=True, transaction_id=f"txn-{i}")
+    )
+    done = agent.run(ToolResume(respond=[reply]), session_id=out.session_id)
+    if done.finish_reason != FinishReason.STOP or not done.message:
+        raise AssertionError(f"expected a final answer, got {done.finish_reason}")
+    if f"txn-{i}" not in done.message.text:
+        raise AssertionError(f"final answer does not name the transaction: {done.message.text}")
+    return done
+
+
+def banking_agent(store: Any) -> Agent:
+    """The example's banking agent on its scripted model (whatever
+    `INTERLOCK_BANKING_MODEL` says), keeping its sessions in `store`."""
+    return replace(bankingAgent.with_store(store), model=SCRIPTED_MODEL)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of already sorted values, nearest-rank."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def summarize(latencies_s: Sequence[float]) -> dict[str, float | int]:
+    """cycles/s (cycles over their summed time), median and p99 in ms."""
+    ordered = sorted(latencies_s)
+    total = sum(ordered)
+    return {
+        "cycles": len(ordered),
+        "cycles_per_s": round(len(ordered) / total, 1) if total > 0 else math.nan,
+        "median_ms": round(percentile(ordered, 50) * 1000, 3),
+        "p99_ms": round(percentile(ordered, 99) * 1000, 3),
+    }
+
+
+def emit(figures: dict[str, Any]) -> None:
+    """Print the benchmark's one JSON line."""
+    print(json.dumps(figures, sort_keys=False, default=str), flush=True)

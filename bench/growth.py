@@ -1,0 +1,272 @@
+"""What one more interrupt-and-resume cycle costs as a session's history grows.
+
+For sessions with 10, 100 and 1,000 prior messages (built by running the banking
+cycle many times on ONE session, so the store holds the real chain of snapshots), one
+more cycle is run from the session's last snapshot and measured:
+
+- bytes written to the SQLite store: the sizes of the parameters of every INSERT,
+  UPDATE and DELETE (counted by a SQLAlchemy `before_cursor_execute` hook: message
+  bodies, snapshot rows, the claim), the WAL bytes the cycle wrote (the WAL is
+  truncated before it), and the growth of the database file once checkpointed;
+- time per cycle, on the SQLite store and on the in-memory store (the median of
+  `--repeat` cycles, each branching from the same snapshot, so each sees exactly N
+  prior messages).
+
+    python -m bench.growth [--sizes 10,100,1000] [--repeat K] [--quick]
+
+Prints one JSON line, with the ratio bytes@largest / bytes@smallest (goal: <= 2; the
+store keeps each message once, so a cycle writes only what it adds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+
+from interlock import Agent, InMemorySessionStore, SqlSessionStore
+
+from ._common import banking_agent, emit, interlock_cycle, versions
+
+__all__ = ["main", "run"]
+
+BYTES_GOAL = 2.0
+"""Goal: bytes written by one cycle at the largest size / at the smallest, at most this."""
+
+CHAT = "Hello"  # the scripted model answers with text: two messages, no tool call
+
+
+class _WriteCounter:
+    """Sums the parameter bytes of the writes the engine sends to the database."""
+
+    def __init__(self) -> None:
+        self.by_table: dict[str, int] = {}
+        self.statements = 0
+        self.rows = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_table.values())
+
+    def __call__(
+        self,
+        _conn: Any,
+        _cursor: Any,
+        statement: str,
+        parameters: Any,
+        _context: Any,
+        executemany: bool,
+    ) -> None:
+        verb = statement.lstrip().split(None, 1)[0].upper()
+        if verb not in ("INSERT", "UPDATE", "DELETE"):
+            return
+        table = "message" if "interlock_message" in statement else "snapshot"
+        rows = parameters if executemany else [parameters]
+        self.statements += 1
+        self.rows += len(rows)
+        size = sum(_param_bytes(v) for row in rows for v in _values(row))
+        self.by_table[table] = self.by_table.get(table, 0) + size
+
+
+def _values(row: Any) -> list[Any]:
+    if isinstance(row, dict):
+        return list(row.values())
+    return list(row or ())
+
+
+def _param_bytes(value: Any) -> int:
+    """The size a parameter takes as SQLite stores it (text as UTF-8)."""
+    if value is None:
+        return 0
+    if isinstance(value, bytes | bytearray | memoryview):
+        return len(value)
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, int | float):
+        return 8
+    if isinstance(value, dt.datetime | dt.date):
+        return len(str(value))
+    return len(str(value).encode())
+
+
+def _checkpoint(db: Path) -> None:
+    with sqlite3.connect(db) as raw:
+        raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+
+
+def _db_bytes(db: Path) -> int:
+    with sqlite3.connect(db) as raw:
+        pages = raw.execute("PRAGMA page_count").fetchone()[0]
+        size = raw.execute("PRAGMA page_size").fetchone()[0]
+    return int(pages) * int(size)
+
+
+def _wal_bytes(db: Path) -> int:
+    wal = db.with_name(db.name + "-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def _build(agent: Agent, size: int) -> tuple[str, str]:
+    """A session with `size` messages (4 per cycle, 2 per chat): its id and last snapshot."""
+    if size < 2 or size % 2:
+        raise ValueError(f"a session size must be even and at least 2, got {size}")
+    session_id: str | None = None
+    out = None
+    if size % 4:
+        out = agent.run_text(CHAT)
+        session_id = out.session_id
+    for i in range(size // 4):
+        out = interlock_cycle(agent, i, session_id=session_id)
+        session_id = out.session_id
+    assert out is not None and out.snapshot_id is not None and session_id is not None
+    return session_id, out.snapshot_id
+
+
+def _timed(cycle: Callable[[int], Any], repeat: int) -> dict[str, float]:
+    times = []
+    for i in range(repeat):
+        t0 = time.perf_counter()
+        cycle(i)
+        times.append(time.perf_counter() - t0)
+    return {
+        "median_ms": round(statistics.median(times) * 1000, 3),
+        "mean_ms": round(statistics.fmean(times) * 1000, 3),
+        "repeat": repeat,
+    }
+
+
+def measure(size: int, repeat: int, tmp: Path) -> dict[str, Any]:
+    db = tmp / f"growth-{size}.db"
+    store = SqlSessionStore(f"sqlite:///{db}")
+    try:
+        agent = banking_agent(store)
+        t0 = time.perf_counter()
+        session_id, base = _build(agent, size)
+        build_s = time.perf_counter() - t0
+        snapshot = store.get_snapshot(base)
+        assert snapshot is not None
+        prior = len(snapshot.messages)
+        if prior != size:
+            raise AssertionError(f"built {prior} messages, wanted {size}")
+        chain = len(store.list_snapshots(session_id=session_id, limit=1_000_000))
+
+        # One more cycle, its writes counted.
+        _checkpoint(db)
+        db_before = _db_bytes(db)
+        counter = _WriteCounter()
+        event.listen(store.engine, "before_cursor_execute", counter)
+        try:
+            done = interlock_cycle(agent, 0, snapshot_id=base)
+        finally:
+            event.remove(store.engine, "before_cursor_execute", counter)
+        wal = _wal_bytes(db)
+        _checkpoint(db)
+        db_growth = _db_bytes(db) - db_before
+        after = store.get_snapshot(done.snapshot_id or "")
+        assert after is not None and len(after.messages) == size + 4
+
+        sql_time = _timed(lambda i: interlock_cycle(agent, i, snapshot_id=base), repeat)
+
+        memory = InMemorySessionStore()
+        memory.save_snapshot(snapshot)
+        memory_agent = banking_agent(memory)
+        memory_time = _timed(lambda i: interlock_cycle(memory_agent, i, snapshot_id=base), repeat)
+    finally:
+        store.close()
+    return {
+        "prior_messages": prior,
+        "snapshots_in_session": chain,
+        "build_s": round(build_s, 2),
+        "bytes_written": {
+            "params_total": counter.total,
+            "params_by_table": counter.by_table,
+            "write_statements": counter.statements,
+            "rows_written": counter.rows,
+            "wal_bytes": wal,
+            "db_file_growth": db_growth,
+        },
+        "cycle_sqlite": sql_time,
+        "cycle_memory": memory_time,
+    }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b else None
+
+
+def run(sizes: list[int], repeat: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="interlock-growth-") as tmp_name:
+        results = {str(n): measure(n, repeat, Path(tmp_name)) for n in sizes}
+    small, large = results[str(min(sizes))], results[str(max(sizes))]
+    label = f"{max(sizes)}_vs_{min(sizes)}"
+
+    def written(r: dict[str, Any], key: str) -> float:
+        return float(r["bytes_written"][key])
+
+    ratios = {
+        f"params_bytes_{label}": _ratio(
+            written(large, "params_total"), written(small, "params_total")
+        ),
+        f"wal_bytes_{label}": _ratio(written(large, "wal_bytes"), written(small, "wal_bytes")),
+        f"time_sqlite_{label}": _ratio(
+            large["cycle_sqlite"]["median_ms"], small["cycle_sqlite"]["median_ms"]
+        ),
+        f"time_memory_{label}": _ratio(
+            large["cycle_memory"]["median_ms"], small["cycle_memory"]["median_ms"]
+        ),
+    }
+    bytes_ratio = ratios[f"params_bytes_{label}"]
+    return {
+        "benchmark": "growth",
+        "sizes": sizes,
+        "repeat": repeat,
+        "results": results,
+        "ratios": ratios,
+        "targets": {
+            f"params_bytes_{label}": {
+                "goal": f"<= {BYTES_GOAL}",
+                "ratio": bytes_ratio,
+                "met": None if bytes_ratio is None else bytes_ratio <= BYTES_GOAL,
+            }
+        },
+        "notes": [
+            "bytes: parameters of INSERT/UPDATE/DELETE statements (text as UTF-8, numbers "
+            "8 bytes); wal_bytes: the WAL after the cycle, truncated before it (whole "
+            "pages, B-tree and index pages included); db_file_growth: after a checkpoint",
+        ],
+        "versions": versions(),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.growth", description=__doc__)
+    parser.add_argument(
+        "--sizes", default="10,100,1000", help="prior messages per session, comma-separated"
+    )
+    parser.add_argument("--repeat", type=int, default=20, help="timed cycles per size")
+    parser.add_argument("--quick", action="store_true", help="a tiny smoke run (10 and 100)")
+    args = parser.parse_args(argv)
+    sizes = [10, 100] if args.quick else [int(x) for x in args.sizes.split(",") if x.strip()]
+    repeat = 3 if args.quick else args.repeat
+    if not sizes or any(n < 2 or n % 2 for n in sizes) or repeat < 1:
+        parser.error("--sizes must be even numbers >= 2, --repeat positive")
+    emit(run(sorted(set(sizes)), repeat))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
