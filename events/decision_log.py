@@ -11,6 +11,7 @@ from sqlalchemy import Column, DateTime, Index, MetaData, Table, Text, insert, s
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
+from interlock import SqlSessionStore
 from schemas import EventBase, utcnow
 
 __all__ = ["DecisionLog", "DecisionRecord", "decision_table"]
@@ -50,9 +51,9 @@ class DecisionRecord:
 
 
 class DecisionLog:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        decision_metadata.create_all(engine)
+    def __init__(self, store: SqlSessionStore) -> None:
+        self.engine: Engine = store.engine
+        store.create_all(decision_metadata)
 
     def get(self, decision_id: str) -> DecisionRecord | None:
         with self.engine.connect() as conn:

@@ -58,7 +58,7 @@ class Outbox:
     def __init__(self, store: SqlSessionStore) -> None:
         self.store = store
         self.engine = store.engine
-        outbox_metadata.create_all(self.engine)
+        store.create_all(outbox_metadata)
         store.add_save_hook(self._on_save)
 
     def _on_save(self, conn: Connection, snapshot: Snapshot, created: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from schemas import (
@@ -23,6 +24,7 @@ from schemas import (
 )
 
 from .errors import ResumeValidationError, SnapshotNotFoundError, StatusError
+from .journal import TurnJournal
 from .middleware import Middleware
 from .resume import Answer, check_resumable, pending_interrupts, plan_resume
 from .stores.base import SessionStore
@@ -76,6 +78,7 @@ class Agent:
     store: SessionStore | None = None
     max_turns: int = 10
     config: Mapping[str, Any] | None = None
+    interrupt_expires_in: float | None = None
 
     @property
     def tool_map(self) -> dict[str, Tool[Any, Any]]:
@@ -101,12 +104,15 @@ class Agent:
         claimed_by: str | None = None,
         turn_id: str | None = None,
         on_chunk: Emit | None = None,
+        journal: TurnJournal | None = None,
     ) -> AgentOutput:
         """Run one turn: a new message, or a resume of the paused turn.
 
         With a store, address the session by `session_id` or `snapshot_id`; without one,
         pass the `state` of the last output. `claimed_by` runs a resume whose snapshot
-        the caller already claimed with that id."""
+        the caller already claimed with that id. With a `journal`, the turn's model
+        responses and tool outcomes are kept as they complete, and a second run of the
+        same `turn_id` replays them instead of doing them again."""
         agent_input = as_input(input)
         base = self._base(session_id, snapshot_id, state)
         answers: Mapping[str, Answer] | None = None
@@ -130,6 +136,7 @@ class Agent:
             turn_id=turn_id or _new_id(),
             emit=on_chunk,
             config=dict(self.config) if self.config else None,
+            journal=journal,
         )
         try:
             if answers is not None:
@@ -297,6 +304,10 @@ class Agent:
         self, base: _Base, turn: Turn, result: TurnResult, on_chunk: Emit | None
     ) -> AgentOutput:
         snapshot = self._snapshot(base, turn, SnapshotStatus.COMPLETED, result.finish_reason)
+        if result.finish_reason == FinishReason.INTERRUPTED:
+            deadline = turn.expires_in or self.interrupt_expires_in
+            if deadline is not None:
+                snapshot.expires_at = snapshot.created_at + timedelta(seconds=deadline)
         out = AgentOutput(
             finish_reason=result.finish_reason,
             message=result.message,

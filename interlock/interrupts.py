@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -19,17 +20,33 @@ T = TypeVar("T")
 class ToolInterrupt(BaseException):
     """Raised by `interrupt()`. A `BaseException`, so `except Exception` cannot swallow it."""
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, Any], expires_in: float | None = None) -> None:
         super().__init__("tool interrupted")
         self.data = data
+        self.expires_in = expires_in
 
 
-def interrupt(data: BaseModel | dict[str, Any]) -> Any:
-    """Pause the turn, surfacing `data` (a JSON object) to the caller. Never returns."""
+def seconds(value: float | timedelta | None) -> float | None:
+    """A duration in seconds (None stays None); it must be positive."""
+    if value is None:
+        return None
+    total = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if total <= 0:
+        raise StatusError(Status.INVALID_ARGUMENT, f"expires_in must be positive, got {total}")
+    return total
+
+
+def interrupt(
+    data: BaseModel | dict[str, Any], *, expires_in: float | timedelta | None = None
+) -> Any:
+    """Pause the turn, surfacing `data` (a JSON object) to the caller. Never returns.
+
+    `expires_in` (seconds or a timedelta) gives the pause a deadline: once it passes
+    with no decision, the snapshot is marked `expired` and can no longer resume."""
     value = to_json_value(data) if isinstance(data, BaseModel | dict) else None
     if not isinstance(value, dict):
         raise StatusError(Status.INVALID_ARGUMENT, "interrupt data must serialize to a JSON object")
-    raise ToolInterrupt(value)
+    raise ToolInterrupt(value, seconds(expires_in))
 
 
 def interrupt_as(part: Part, type_: type[T] | Any) -> T | None:

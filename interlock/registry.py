@@ -6,12 +6,14 @@ import logging
 import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
 from typing import Any, overload
 
 from schemas import Status
 
 from .agent import Agent
 from .errors import StatusError, ToolNotFoundError
+from .interrupts import seconds
 from .middleware import Middleware
 from .models import register_builtin_providers
 from .models.base import FunctionModel, Model
@@ -160,8 +162,10 @@ class Interlock:
         store: SessionStore | None = None,
         max_turns: int = 10,
         config: Mapping[str, Any] | None = None,
+        interrupt_expires_in: float | timedelta | None = None,
     ) -> Agent:
-        """Define an agent: a model, a system prompt, tools and where sessions live."""
+        """Define an agent: a model, a system prompt, tools and where sessions live.
+        `interrupt_expires_in` gives every pause a deadline unless its tool set one."""
         if max_turns < 1:
             raise StatusError(Status.INVALID_ARGUMENT, "max_turns must be at least 1")
         resolved = tuple(t if isinstance(t, Tool) else self.lookup_tool(t) for t in tools)
@@ -175,6 +179,7 @@ class Interlock:
             store=store,
             max_turns=max_turns,
             config=config,
+            interrupt_expires_in=seconds(interrupt_expires_in),
         )
         self.agents[name] = agent
         return agent

@@ -6,7 +6,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from schemas import FinishReason, Message, Part, Snapshot, SnapshotStatus, Status, ToolResume
+from schemas import (
+    FinishReason,
+    Message,
+    Part,
+    Snapshot,
+    SnapshotStatus,
+    Status,
+    ToolResume,
+    utcnow,
+)
 
 from ._json import same_json
 from .errors import ResumeValidationError, StatusError
@@ -53,6 +62,11 @@ def check_resumable(snapshot: Snapshot, claimed_by: str | None = None) -> None:
     if snapshot.finish_reason != FinishReason.INTERRUPTED:
         raise ResumeValidationError(
             Status.FAILED_PRECONDITION, f"snapshot {sid} is not interrupted: nothing to resume"
+        )
+    if snapshot.expires_at is not None and snapshot.expires_at <= utcnow():
+        raise ResumeValidationError(
+            Status.FAILED_PRECONDITION,
+            f"snapshot {sid} expired at {snapshot.expires_at.isoformat()} and cannot be resumed",
         )
     if snapshot.resumed_by is not None and snapshot.resumed_by != claimed_by:
         raise ResumeValidationError(

@@ -22,6 +22,7 @@ from schemas import (
 from .context import ToolContext
 from .errors import InterlockError, StatusError, ToolFailedError, ToolNotFoundError
 from .interrupts import ToolInterrupt
+from .journal import TurnJournal
 from .middleware import Middleware
 from .models.base import Model
 from .resume import Answer
@@ -65,6 +66,7 @@ class Turn:
         turn_id: str,
         emit: Emit | None = None,
         config: dict[str, Any] | None = None,
+        journal: TurnJournal | None = None,
     ) -> None:
         self.agent = agent
         self.model = model
@@ -78,6 +80,11 @@ class Turn:
         self.turn_id = turn_id
         self._emit = emit
         self.config = config
+        self.journal = journal
+        self._journaled = journal.load(session_id, turn_id) if journal is not None else {}
+        self._step = 0
+        self.expires_in: float | None = None
+        """The earliest deadline (seconds from the pause) a tool gave its interrupt."""
 
     # -- entry points -----------------------------------------------------------------
 
@@ -185,6 +192,25 @@ class Turn:
     # -- model ------------------------------------------------------------------------
 
     def _generate(self) -> ModelResponse:
+        key = f"model:{self._step}"
+        self._step += 1
+        if key in self._journaled:  # a redelivered turn: the model already answered
+            replayed = ModelResponse.model_validate(self._journaled[key])
+            self.emit(
+                AgentChunk(
+                    model_chunk=ModelChunk(role="model", content=list(replayed.message.content))
+                )
+            )
+            return replayed
+        response = self._ask_model()
+        self._record(key, response.to_json())
+        return response
+
+    def _record(self, key: str, value: Any) -> None:
+        if self.journal is not None:
+            self.journal.record(self.session_id, self.turn_id, key, value)
+
+    def _ask_model(self) -> ModelResponse:
         history = self.messages
         if self.system:
             history = [Message(role="system", content=[Part(text=self.system)]), *history]
@@ -228,6 +254,10 @@ class Turn:
     ) -> _Outcome:
         req = part.tool_request
         assert req is not None and req.ref is not None
+        key = f"tool:{req.ref}"
+        if key in self._journaled:  # completed before a crash: not run again
+            entry = self._journaled[key]
+            return _Outcome(output=entry["output"], metadata=dict(entry.get("metadata") or {}))
         tool = self.tools.get(req.name)
         if tool is None:
             raise ToolNotFoundError(
@@ -254,9 +284,12 @@ class Turn:
         try:
             output = call(ctx)
         except ToolInterrupt as pause:
+            if pause.expires_in is not None:
+                self.expires_in = min(self.expires_in or pause.expires_in, pause.expires_in)
             return _Outcome(interrupt=pause.data, metadata=ctx.metadata)
         except Exception as exc:
             raise ToolFailedError(req.name, f"tool {req.name!r} failed: {exc}") from exc
+        self._record(key, {"output": output, "metadata": ctx.metadata})
         return _Outcome(output=output, metadata=ctx.metadata)
 
 

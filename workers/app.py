@@ -13,7 +13,7 @@ from interlock import Interlock
 
 from .runtime import Runtime
 from .settings import Settings
-from .turns import run_turn
+from .turns import TurnBusy, run_turn
 
 __all__ = ["RUN_TURN", "create_app", "runtime_of"]
 
@@ -55,7 +55,13 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
         max_retries=20,
     )
     def run_turn_task(self: Any, request: dict[str, Any]) -> dict[str, Any]:
-        return run_turn(runtime, request)
+        try:
+            return run_turn(runtime, request)
+        except TurnBusy as busy:
+            # Never two runs of one turn at once: look again once the lease may be free.
+            raise self.retry(
+                exc=busy, countdown=max(1.0, settings.turn_lease / 2), max_retries=None
+            ) from busy
 
     return app
 

@@ -193,6 +193,7 @@ def resume_consumer(
 
     from .app import create_app
     from .consumer import ResumeConsumer
+    from .maintenance import Maintenance
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = Settings.from_env(
@@ -202,8 +203,8 @@ def resume_consumer(
     consumer = ResumeConsumer(celery_app, heartbeat_file=settings.heartbeat_file)
     rt = consumer.rt
     rt.registry  # noqa: B018 - fail early on a bad --app
-    rt.outbox  # noqa: B018
-    rt.relay.start(settings.relay_interval)
+    maintenance = Maintenance(rt)
+    maintenance.start(settings.relay_interval)  # at start-up, then periodically
     signal.signal(signal.SIGTERM, lambda *_: setattr(consumer, "should_stop", True))
     emit(
         {
@@ -217,6 +218,7 @@ def resume_consumer(
     try:
         consumer.run()
     finally:
+        maintenance.stop()
         rt.close()
 
 
@@ -473,7 +475,7 @@ def migrate(store: str | None) -> None:
     sql = SqlSessionStore(settings.store_url)
     try:
         Outbox(sql)
-        DecisionLog(sql.engine)
+        DecisionLog(sql)
         from sqlalchemy import inspect
 
         tables = sorted(
@@ -555,3 +557,26 @@ def schemas(out_dir: str, check: bool) -> None:
     if stale:
         fail("schemas are out of date (run `make schemas`): " + ", ".join(stale))
     emit({"schemas": str(folder), "checked" if check else "written": len(message_schemas())})
+
+
+@main.command()
+@click.argument("session_id")
+@store_option
+@clear_errors
+def audit(session_id: str, store: str | None) -> None:
+    """Print a session's history of interrupts, decisions and outcomes, one JSON line
+    each, oldest first."""
+    from events.decision_log import DecisionLog
+    from interlock import SqlSessionStore
+
+    from .audit import session_history
+
+    sql = SqlSessionStore(settings_of(store=store).store_url)
+    try:
+        entries = session_history(sql, DecisionLog(sql), session_id)
+    finally:
+        sql.dispose()
+    if not entries:
+        raise StatusError(Status.NOT_FOUND, f"no session {session_id} in the store")
+    for entry in entries:
+        emit(entry)

@@ -128,7 +128,14 @@ class ResumeConsumer(ConsumerMixin):
         try:
             snapshot, request = evaluate(self.rt, decision)
         except StatusError as exc:
-            event: EventBase = DecisionRejected(**ids, error=exc.to_info())
+            known = self.rt.store.get_snapshot(decision.snapshot_id)
+            session_id = known.session_id if known is not None else None
+            event: EventBase = DecisionRejected(
+                **ids,
+                agent=known.agent if known is not None else None,
+                session_id=session_id,
+                error=exc.to_info(),
+            )
         else:
             session_id = snapshot.session_id
             try:

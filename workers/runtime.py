@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from functools import cached_property
 
 from kombu.connection import Connection
@@ -10,6 +12,7 @@ from events.decision_log import DecisionLog
 from events.outbox import Outbox, OutboxRelay
 from events.publisher import Publisher
 from interlock import Agent, Interlock, SqlSessionStore
+from interlock.stores.sql_journal import SqlTurnJournal
 
 from .loader import load_registry
 from .settings import Settings
@@ -37,8 +40,17 @@ class Runtime:
         return Outbox(self.store)
 
     @cached_property
+    def journal(self) -> SqlTurnJournal:
+        """Turn journal and turn leases, in the store's database."""
+        return SqlTurnJournal(self.store)
+
+    @property
+    def worker_id(self) -> str:
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    @cached_property
     def decisions(self) -> DecisionLog:
-        return DecisionLog(self.store.engine)
+        return DecisionLog(self.store)
 
     def connection(self) -> Connection:
         """A new broker connection with the shared transport options."""

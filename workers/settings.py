@@ -22,6 +22,7 @@ class Settings:
     secret: str | None = None
     visibility_timeout: int = 3600
     relay_interval: float = 5.0
+    turn_lease: float = 60.0
     heartbeat_file: str | None = None
 
     @classmethod
@@ -35,6 +36,7 @@ class Settings:
             secret=env.get("INTERLOCK_SECRET") or None,
             visibility_timeout=int(env.get("INTERLOCK_VISIBILITY_TIMEOUT", "3600")),
             relay_interval=float(env.get("INTERLOCK_RELAY_INTERVAL", "5")),
+            turn_lease=float(env.get("INTERLOCK_TURN_LEASE", "60")),
             heartbeat_file=env.get("INTERLOCK_HEARTBEAT_FILE") or None,
         )
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})
@@ -46,6 +48,7 @@ class Settings:
             "INTERLOCK_STORE_URL": self.store_url,
             "INTERLOCK_VISIBILITY_TIMEOUT": str(self.visibility_timeout),
             "INTERLOCK_RELAY_INTERVAL": str(self.relay_interval),
+            "INTERLOCK_TURN_LEASE": str(self.turn_lease),
         }
         if self.app:
             env["INTERLOCK_APP"] = self.app

@@ -60,7 +60,9 @@ def _copy(snapshot: Snapshot) -> Snapshot:
 
 def _claimable(snap: Snapshot) -> bool:
     return (
-        snap.status == SnapshotStatus.COMPLETED and snap.finish_reason == FinishReason.INTERRUPTED
+        snap.status == SnapshotStatus.COMPLETED
+        and snap.finish_reason == FinishReason.INTERRUPTED
+        and (snap.expires_at is None or snap.expires_at > utcnow())
     )
 
 

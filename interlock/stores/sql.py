@@ -176,6 +176,7 @@ _CLAIM = (
         _SNAP.c.status == SnapshotStatus.COMPLETED.value,
         _SNAP.c.finish_reason == FinishReason.INTERRUPTED.value,
         or_(_SNAP.c.resumed_by.is_(None), _SNAP.c.resumed_by == bindparam("p_by")),
+        or_(_SNAP.c.expires_at.is_(None), _SNAP.c.expires_at > bindparam("p_now")),
     )
     .values(resumed_by=bindparam("p_by"), updated_at=bindparam("p_now"))
 )
@@ -230,6 +231,9 @@ def _list_statement(
 
 
 _GET_SNAPSHOT = select(_SNAP).where(_SNAP.c.snapshot_id == bindparam("p_sid"))
+_BY_TURN = (
+    select(_SNAP).where(_SNAP.c.turn_id == bindparam("p_turn")).order_by(_SNAP.c.seq).limit(1)
+)
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -322,10 +326,19 @@ class SqlSessionStore:
         schema changes ship as additive columns with defaults; for real migrations,
         point Alembic at `SqlSessionStore.metadata`.
         """
+        self.create_all(self.metadata)
+
+    def create_all(self, tables: MetaData) -> None:
+        """Create the tables of `tables` if missing, under the same cross-process lock
+        (for tables that live beside the store: the outbox, the decision log, ...)."""
         with self._writer.begin() as conn:
             if self._dialect == "postgresql":
                 conn.execute(select(func.pg_advisory_xact_lock(_DDL_LOCK_KEY)))
-            self.metadata.create_all(conn, checkfirst=True)
+            tables.create_all(conn, checkfirst=True)
+
+    def writer(self) -> Engine:
+        """The engine for write transactions (`BEGIN IMMEDIATE` on SQLite)."""
+        return self._writer
 
     def close(self) -> None:
         """Dispose the engine's pooled connections (only an engine the store created)."""
@@ -347,6 +360,12 @@ class SqlSessionStore:
 
     def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
         found = self._load(_GET_SNAPSHOT, {"p_sid": snapshot_id})
+        return found[0] if found else None
+
+    def find_turn(self, turn_id: str) -> Snapshot | None:
+        """The snapshot the turn `turn_id` ended with (any status), or None while it
+        has not ended. Workers use it to skip a turn delivered twice."""
+        found = self._load(_BY_TURN, {"p_turn": turn_id})
         return found[0] if found else None
 
     def get_latest_snapshot(self, session_id: str) -> Snapshot | None:

@@ -1,0 +1,50 @@
+"""The turn journal: what a turn already did, so a redelivered turn replays it.
+
+A worker can die mid-turn; its task is then delivered again and the turn runs again
+from the last snapshot. The journal keeps, as they complete, each model response and
+each tool call's outcome, keyed by session, turn and step (`model:N`) or call ref
+(`tool:REF`). The second run replays them: the model is not asked again (so the calls
+and their refs are the same) and completed tools do not run again.
+
+One window remains: a crash inside a tool after its side effect and before its
+journal entry is written. The tool then runs again on redelivery. `ctx.idempotency_key`
+is the same on both runs (it depends on the session and the call's ref, and the ref
+is replayed), so a tool that passes it to the outside system (a payment API's
+idempotency key, a unique column) makes the second request harmless.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["InMemoryJournal", "TurnJournal"]
+
+
+@runtime_checkable
+class TurnJournal(Protocol):
+    """Durable per-turn memory. Values are JSON."""
+
+    def load(self, session_id: str, turn_id: str) -> dict[str, Any]:
+        """Every entry of the turn, by key."""
+        ...
+
+    def record(self, session_id: str, turn_id: str, key: str, value: Any) -> None:
+        """Keep `value` under `key` (the first value written wins)."""
+        ...
+
+
+class InMemoryJournal:
+    """A journal in the process's memory (tests, single processes)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def load(self, session_id: str, turn_id: str) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._entries.get((session_id, turn_id), {}))
+
+    def record(self, session_id: str, turn_id: str, key: str, value: Any) -> None:
+        with self._lock:
+            self._entries.setdefault((session_id, turn_id), {}).setdefault(key, value)

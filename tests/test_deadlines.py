@@ -1,0 +1,206 @@
+"""Deadlines: an interrupt may expire; the sweeper marks it and announces turn.expired;
+a later answer is refused with FAILED_PRECONDITION."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from pydantic import BaseModel
+
+from events.decision_log import DecisionLog
+from events.expiry import expire_overdue
+from events.outbox import Outbox
+from interlock import (
+    FinishReason,
+    InMemorySessionStore,
+    Interlock,
+    Message,
+    ModelRequest,
+    ResumeValidationError,
+    SessionStore,
+    SnapshotStatus,
+    SqlSessionStore,
+    Status,
+    StatusError,
+    ToolFailedError,
+    ToolResume,
+    interrupt,
+    scripted,
+)
+from schemas import DecisionAccepted, DecisionRejected, ErrorInfo
+from workers.audit import session_history
+from workers.cli import main
+
+
+class Ask(BaseModel):
+    n: int
+    wait: float | None = None
+
+
+def make_agent(store: SessionStore, *, agent_default: float | None = None) -> Any:
+    ai = Interlock(secret="t")
+
+    @ai.interruptible_tool(name="ask", description="asks, with a deadline")
+    def ask(inp: Ask, res: dict[str, Any] | None) -> dict[str, Any]:
+        if res is None:
+            interrupt({"n": inp.n}, expires_in=inp.wait)
+        return {"ok": True}
+
+    def model(request: ModelRequest) -> Message:
+        last = request.messages[-1]
+        if last.role == "user":
+            return scripted.reply(scripted.tool_call("ask", json.loads(last.text)))
+        return scripted.text("answered")
+
+    scripted.define(ai, "ask", model)
+    agent = ai.define_agent(
+        "asker",
+        model="scripted/ask",
+        tools=[ask],
+        store=store,
+        interrupt_expires_in=agent_default,
+    )
+    return agent, ask
+
+
+@pytest.fixture
+def sql_store(tmp_path: Path) -> Iterator[SqlSessionStore]:
+    store = SqlSessionStore(f"sqlite:///{tmp_path}/d.db")
+    try:
+        yield store
+    finally:
+        store.dispose()
+
+
+def test_tool_deadline_sets_expires_at() -> None:
+    agent, _ = make_agent(InMemorySessionStore())
+    before = time.time()
+    out = agent.run_text(json.dumps({"n": 1, "wait": 120}))
+    snap = agent.store.get_snapshot(out.snapshot_id)
+    assert snap.expires_at is not None
+    assert 119 <= snap.expires_at.timestamp() - before <= 122
+
+
+def test_agent_default_deadline_and_no_deadline() -> None:
+    agent, _ = make_agent(InMemorySessionStore(), agent_default=30)
+    out = agent.run_text(json.dumps({"n": 1}))
+    snap = agent.store.get_snapshot(out.snapshot_id)
+    assert snap.expires_at is not None
+    assert abs((snap.expires_at - snap.created_at) - timedelta(seconds=30)) < timedelta(seconds=1)
+    plain, _ = make_agent(InMemorySessionStore())
+    out = plain.run_text(json.dumps({"n": 1}))
+    assert plain.store.get_snapshot(out.snapshot_id).expires_at is None
+
+
+def test_non_positive_deadline_fails_the_tool() -> None:
+    agent, _ = make_agent(InMemorySessionStore())
+    with pytest.raises(ToolFailedError) as info:
+        agent.run_text(json.dumps({"n": 1, "wait": 0}))
+    cause = info.value.__cause__
+    assert isinstance(cause, StatusError)
+    assert cause.status is Status.INVALID_ARGUMENT
+    assert "expires_in must be positive" in cause.message
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_answer_after_the_deadline_is_refused(kind: str, tmp_path: Path) -> None:
+    store: SessionStore = (
+        InMemorySessionStore()
+        if kind == "memory"
+        else SqlSessionStore(f"sqlite:///{tmp_path}/x.db")
+    )
+    agent, ask = make_agent(store)
+    out = agent.run_text(json.dumps({"n": 1, "wait": 0.2}))
+    time.sleep(0.3)
+    part = out.interrupts[0]
+    with pytest.raises(ResumeValidationError) as info:
+        agent.run(ToolResume(restart=[ask.resume(part, {"x": 1})]), snapshot_id=out.snapshot_id)
+    assert info.value.status is Status.FAILED_PRECONDITION
+    assert "expired" in info.value.message
+    assert not store.claim(out.snapshot_id, "late"), "the claim refuses it too"
+    if isinstance(store, SqlSessionStore):
+        store.dispose()
+
+
+def test_sweeper_expires_and_announces(sql_store: SqlSessionStore) -> None:
+    outbox = Outbox(sql_store)
+    agent, ask = make_agent(sql_store)
+    soon = agent.run_text(json.dumps({"n": 1, "wait": 0.2}))
+    later = agent.run_text(json.dumps({"n": 2, "wait": 600}))
+    claimed = agent.run_text(json.dumps({"n": 3, "wait": 0.2}))
+    assert sql_store.claim(claimed.snapshot_id, "reviewer")  # answered in time
+    time.sleep(0.3)
+    expired = expire_overdue(sql_store, outbox)
+    assert [e.snapshot_id for e in expired] == [soon.snapshot_id]
+    assert expired[0].type == "turn.expired"
+    assert expired[0].session_id == soon.session_id
+    snap = sql_store.get_snapshot(soon.snapshot_id)
+    assert snap is not None
+    assert snap.status is SnapshotStatus.EXPIRED
+    assert snap.finish_reason is FinishReason.EXPIRED
+    assert sql_store.get_snapshot(later.snapshot_id).status is SnapshotStatus.COMPLETED  # type: ignore[union-attr]
+    assert sql_store.get_snapshot(claimed.snapshot_id).status is SnapshotStatus.COMPLETED  # type: ignore[union-attr]
+    rows = [(key, json.loads(body)) for _, key, body in outbox.unsent()]
+    assert ("turn.expired", expired[0].model_dump(mode="json")) in rows
+    assert expire_overdue(sql_store, outbox) == [], "expired once"
+    with pytest.raises(ResumeValidationError) as info:
+        agent.run(
+            ToolResume(restart=[ask.resume(soon.interrupts[0], {"x": 1})]),
+            snapshot_id=soon.snapshot_id,
+        )
+    assert info.value.status is Status.FAILED_PRECONDITION
+
+
+def test_audit_lists_interrupts_and_decisions(sql_store: SqlSessionStore) -> None:
+    Outbox(sql_store)
+    log = DecisionLog(sql_store)
+    agent, ask = make_agent(sql_store)
+    out = agent.run_text(json.dumps({"n": 7}))
+    sid, snap_id = out.session_id, out.snapshot_id
+    log.record(
+        decision_id="d-bad",
+        body='{"restart": [{"ref": "x"}]}',
+        reviewer="mallory",
+        session_id=sid,
+        event=DecisionRejected(
+            decision_id="d-bad",
+            snapshot_id=snap_id,
+            session_id=sid,
+            error=ErrorInfo(status=Status.PERMISSION_DENIED, message="resume_token does not match"),
+        ),
+    )
+    log.record(
+        decision_id="d-ok",
+        body='{"restart": [{"ref": "r"}]}',
+        reviewer="alice",
+        session_id=sid,
+        event=DecisionAccepted(decision_id="d-ok", snapshot_id=snap_id, session_id=sid),
+    )
+    agent.run(ToolResume(restart=[ask.resume(out.interrupts[0], {"y": 1})]), session_id=sid)
+    entries = session_history(sql_store, log, sid)
+    kinds = [e["kind"] for e in entries]
+    assert kinds == ["interrupted", "decision", "decision", "completed"]
+    assert entries[0]["interrupts"][0]["payload"] == {"n": 7}
+    assert (entries[1]["reviewer"], entries[1]["outcome"], entries[1]["status"]) == (
+        "mallory",
+        "rejected",
+        "PERMISSION_DENIED",
+    )
+    assert (entries[2]["reviewer"], entries[2]["outcome"]) == ("alice", "accepted")
+    assert entries[3]["text"] == "answered"
+
+    url = str(sql_store.engine.url)
+    result = CliRunner().invoke(main, ["audit", sid, "--store", url])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert [line["kind"] for line in lines] == kinds
+    missing = CliRunner().invoke(main, ["audit", "no-such-session", "--store", url])
+    assert missing.exit_code == 1
+    assert "NOT_FOUND" in missing.output

@@ -1,0 +1,206 @@
+"""The turn journal: a turn run again under the same turn_id replays what its first
+run completed (model answers, tool outcomes) instead of doing it again."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from interlock import (
+    FinishReason,
+    InMemorySessionStore,
+    Interlock,
+    Message,
+    ModelRequest,
+    SqlSessionStore,
+    ToolContext,
+    ToolResume,
+    interrupt,
+    scripted,
+)
+from interlock.journal import InMemoryJournal, TurnJournal
+from interlock.stores.sql_journal import SqlTurnJournal
+
+
+class Crash(BaseException):
+    """Stands for the process dying: nothing catches it."""
+
+
+class Amount(BaseModel):
+    n: int
+
+
+class Rig:
+    """A model that calls `charge` and `ask` at once, then summarizes. `charge` can be
+    made to crash the process right after it has run."""
+
+    def __init__(self) -> None:
+        self.ai = Interlock(secret="t")
+        self.model_calls = 0
+        self.charges: list[str] = []
+        self.crash_after_charge = False
+
+        @self.ai.tool(name="charge", description="charges, once")
+        def charge(inp: Amount, ctx: ToolContext) -> dict[str, Any]:
+            self.charges.append(ctx.idempotency_key)
+            return {"charged": inp.n}
+
+        @self.ai.tool(name="crash", description="the process dies here")
+        def crash(inp: Amount) -> dict[str, Any]:
+            if self.crash_after_charge:
+                raise Crash
+            return {"ok": True}
+
+        @self.ai.interruptible_tool(name="ask", description="asks a human")
+        def ask(inp: Amount, res: dict[str, Any] | None) -> dict[str, Any]:
+            if res is None:
+                interrupt({"question": inp.n})
+            return {"answer": res}
+
+        def model(request: ModelRequest) -> Message:
+            self.model_calls += 1
+            if request.messages[-1].role == "user":
+                return scripted.reply(
+                    scripted.tool_call("charge", {"n": 5}),
+                    scripted.tool_call("crash", {"n": 0}),
+                    scripted.tool_call("ask", {"n": 1}),
+                )
+            return scripted.text("done")
+
+        scripted.define(self.ai, "rig", model)
+        self.store = InMemorySessionStore()
+        self.agent = self.ai.define_agent(
+            "rig", model="scripted/rig", tools=[charge, crash, ask], store=self.store
+        )
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def journal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TurnJournal]:
+    if request.param == "memory":
+        yield InMemoryJournal()
+        return
+    store = SqlSessionStore(f"sqlite:///{tmp_path}/j.db")
+    try:
+        yield SqlTurnJournal(store)
+    finally:
+        store.dispose()
+
+
+def test_redelivered_turn_replays_model_and_completed_tools(journal: TurnJournal) -> None:
+    rig = Rig()
+    rig.crash_after_charge = True
+    with pytest.raises(Crash):
+        rig.agent.run_text("go", session_id="s1", turn_id="turn-1", journal=journal)
+    assert rig.model_calls == 1
+    assert len(rig.charges) == 1
+    entries = journal.load("s1", "turn-1")
+    assert "model:0" in entries
+    assert [k for k in entries if k.startswith("tool:")] and len(entries) == 2
+
+    rig.crash_after_charge = False  # the worker comes back
+    out = rig.agent.run_text("go", session_id="s1", turn_id="turn-1", journal=journal)
+    assert out.finish_reason is FinishReason.INTERRUPTED
+    assert rig.model_calls == 1, "the model's first answer was replayed, not asked again"
+    assert len(rig.charges) == 1, "the completed tool did not run again"
+    [pending] = out.interrupts
+    assert pending.tool_request is not None and pending.tool_request.name == "ask"
+    assert out.message is not None
+    charge_part = next(
+        p for p in out.message.content if p.tool_request and p.tool_request.name == "charge"
+    )
+    assert charge_part.meta("pendingOutput") == {"charged": 5}
+
+
+def test_without_a_journal_the_tool_runs_again() -> None:
+    rig = Rig()
+    rig.crash_after_charge = True
+    with pytest.raises(Crash):
+        rig.agent.run_text("go", session_id="s1", turn_id="turn-1")
+    rig.crash_after_charge = False
+    rig.agent.run_text("go", session_id="s1", turn_id="turn-1")
+    assert len(rig.charges) == 2
+    assert rig.charges[0] != rig.charges[1], "new refs: the outside system sees a new call"
+
+
+def test_idempotency_key_is_stable_across_replays_and_restarts(journal: TurnJournal) -> None:
+    ai = Interlock(secret="t")
+    keys: list[str] = []
+
+    @ai.interruptible_tool(name="pay", description="pays after approval")
+    def pay(inp: Amount, res: dict[str, Any] | None, ctx: ToolContext) -> dict[str, Any]:
+        keys.append(ctx.idempotency_key)
+        if res is None:
+            interrupt({"pay": inp.n})
+        return {"paid": inp.n}
+
+    def model(request: ModelRequest) -> Message:
+        if request.messages[-1].role == "user":
+            return scripted.reply(scripted.tool_call("pay", {"n": 3}))
+        return scripted.text("paid")
+
+    scripted.define(ai, "pay", model)
+    agent = ai.define_agent("pay", model="scripted/pay", tools=[pay], store=InMemorySessionStore())
+    out = agent.run_text("go", turn_id="t1", journal=journal)
+    part = out.interrupts[0]
+    done = agent.run(
+        ToolResume(restart=[pay.resume(part, {"ok": True})]),
+        session_id=out.session_id,
+        turn_id="t2",
+        journal=journal,
+    )
+    assert done.text == "paid"
+    assert len(keys) == 2
+    assert keys[0] == keys[1], "the same call keeps its key when it is restarted"
+    assert part.tool_request is not None and out.session_id is not None
+    entry = journal.load(out.session_id, "t2")[f"tool:{part.tool_request.ref}"]
+    assert entry["output"] == {"paid": 3}
+    assert entry["metadata"]["resolvedInterrupt"] == {"pay": 3}
+
+
+def test_first_value_wins(journal: TurnJournal) -> None:
+    journal.record("s", "t", "k", {"v": 1})
+    journal.record("s", "t", "k", {"v": 2})
+    assert journal.load("s", "t") == {"k": {"v": 1}}
+    assert journal.load("s", "other") == {}
+
+
+# -- leases ---------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlTurnJournal]:
+    url = (
+        f"sqlite:///{tmp_path}/lease.db"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    store = SqlSessionStore(url)
+    try:
+        yield SqlTurnJournal(store)
+    finally:
+        store.dispose()
+
+
+def test_lease_is_held_by_one_owner(sql_journal: SqlTurnJournal) -> None:
+    assert sql_journal.acquire("turn", "w1", ttl=30)
+    assert not sql_journal.acquire("turn", "w2", ttl=30), "a live lease is not shared"
+    assert sql_journal.acquire("turn", "w1", ttl=30), "the holder renews it"
+    holder = sql_journal.holder("turn")
+    assert holder is not None and holder[0] == "w1"
+    sql_journal.release("turn", "w2")  # not the holder: no effect
+    assert not sql_journal.acquire("turn", "w2", ttl=30)
+    sql_journal.release("turn", "w1")
+    assert sql_journal.acquire("turn", "w2", ttl=30)
+
+
+def test_expired_lease_is_taken_over(sql_journal: SqlTurnJournal) -> None:
+    assert sql_journal.acquire("turn", "dead-worker", ttl=0.001)
+    time.sleep(0.05)
+    assert sql_journal.acquire("turn", "w2", ttl=30)
+    holder = sql_journal.holder("turn")
+    assert holder is not None and holder[0] == "w2"

@@ -1,0 +1,71 @@
+"""A session's history of interrupts and decisions, for `interlock audit`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from events.decision_log import DecisionLog
+from interlock import FinishReason, SnapshotStatus, SqlSessionStore
+
+__all__ = ["session_history"]
+
+
+def _snapshot_entry(snap: Any) -> dict[str, Any]:
+    kind = snap.status.value
+    if snap.status == SnapshotStatus.COMPLETED:
+        kind = "interrupted" if snap.finish_reason == FinishReason.INTERRUPTED else "completed"
+    entry: dict[str, Any] = {
+        "at": snap.created_at.isoformat(),
+        "kind": kind,
+        "snapshot_id": snap.snapshot_id,
+        "turn_id": snap.turn_id,
+    }
+    message = snap.last_model_message
+    if kind == "interrupted" and message is not None:
+        entry["interrupts"] = [
+            {"name": p.tool_request.name, "ref": p.tool_request.ref, "payload": p.meta("interrupt")}
+            for p in message.interrupts
+            if p.tool_request is not None
+        ]
+        entry["expires_at"] = snap.expires_at.isoformat() if snap.expires_at else None
+        entry["resumed_by"] = snap.resumed_by
+    elif kind == "completed" and message is not None:
+        entry["text"] = message.text
+    if snap.error is not None:
+        entry["error"] = snap.error.model_dump(mode="json")
+    return entry
+
+
+def _answers(body: str) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {key: data.get(key, []) for key in ("respond", "restart")}
+
+
+def session_history(
+    store: SqlSessionStore, decisions: DecisionLog, session_id: str
+) -> list[dict[str, Any]]:
+    """Interrupts, decisions and outcomes of a session, oldest first."""
+    snaps = store.list_snapshots(session_id=session_id, limit=100_000)
+    entries = [_snapshot_entry(s) for s in snaps]
+    for record in decisions.for_session(session_id):
+        entries.append(
+            {
+                "at": record.received_at.isoformat(),
+                "kind": "decision",
+                "decision_id": record.decision_id,
+                "snapshot_id": record.snapshot_id,
+                "reviewer": record.reviewer,
+                "outcome": record.outcome,
+                "status": record.status,
+                "message": record.message,
+                **_answers(record.body),
+            }
+        )
+    entries.sort(key=lambda e: e["at"])
+    return entries

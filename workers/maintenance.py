@@ -1,0 +1,49 @@
+"""Periodic upkeep, run by the resume consumer: expire overdue interrupts, then
+publish what the outbox still holds."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from events.expiry import expire_overdue
+
+from .runtime import Runtime
+
+__all__ = ["Maintenance"]
+
+log = logging.getLogger("interlock.maintenance")
+
+
+class Maintenance:
+    """`run_once()` now, or `start(interval)` in a daemon thread."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self) -> tuple[int, int]:
+        """(interrupts expired, events published)."""
+        expired = expire_overdue(self.rt.store, self.rt.outbox)
+        for event in expired:
+            log.info("snapshot %s expired (deadline %s)", event.snapshot_id, event.expires_at)
+        return len(expired), self.rt.relay.flush()
+
+    def start(self, interval: float) -> None:
+        def loop() -> None:
+            while True:
+                try:
+                    self.run_once()
+                except Exception:
+                    log.exception("maintenance failed; trying again in %.0fs", interval)
+                if self._stop.wait(interval):
+                    return
+
+        self._thread = threading.Thread(target=loop, name="interlock-maintenance", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
