@@ -230,3 +230,18 @@ def test_unreachable_broker_or_store_is_one_clear_line(stack: QueueStack) -> Non
         "pending", "--store", f"postgresql+psycopg://nobody@{nobody}/interlock", timeout=60
     )
     _clear_failure(pending, "UNAVAILABLE", "store")
+
+
+def test_demo_against_running_worker_and_consumer(stack: QueueStack) -> None:
+    """`interlock demo --broker URL`: the same flow, through the running processes."""
+    result = run_cli(
+        "demo", "--approve", "--broker", stack.broker_url, "--store", stack.store_url,
+        timeout=90,
+    )  # fmt: skip
+    assert result.returncode == 0, result.describe()
+    [line] = result.json_lines()
+    assert line["type"] == "turn.completed", result.describe()
+    assert "transferred $500.00 to savings, transaction txn-" in line["text"]
+    assert "embedded" not in result.stdout, "no in-process worker with --broker"
+    for hop in ("turn.interrupted", "decision.accepted", "turn.completed"):
+        assert hop in result.stdout, result.describe()
