@@ -45,10 +45,11 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	@touch $(BENCH_STAMP)
 
 # One JSON line per benchmark (bench/README.md). ARGS=--quick for a smoke run.
-# Next: $(BIN)/python -m bench.queue_cycle $(ARGS)   (the queued cycle, to come)
-bench: $(BENCH_STAMP) ## benchmarks against LangGraph and Pydantic AI, one JSON line each
+# bench.queue_cycle starts its own redis-server (needs redis-server on PATH).
+bench: $(BENCH_STAMP) ## benchmarks: in process vs LangGraph/Pydantic AI, queued vs bare Celery
 	$(BIN)/python -m bench.cycle $(ARGS)
 	$(BIN)/python -m bench.growth $(ARGS)
+	$(BIN)/python -m bench.queue_cycle $(ARGS)
 
 check: lint typecheck test ## lint, typecheck and test
 

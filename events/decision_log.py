@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Column, DateTime, Index, MetaData, Table, Text, insert, select
+from sqlalchemy import Column, DateTime, Index, MetaData, Table, Text, bindparam, insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -50,20 +50,19 @@ class DecisionRecord:
     received_at: datetime
 
 
+_GET = select(decision_table).where(decision_table.c.decision_id == bindparam("p_id"))
+_INSERT = insert(decision_table)
+
+
 class DecisionLog:
     def __init__(self, store: SqlSessionStore) -> None:
         self.engine: Engine = store.engine
+        self._writer = store.writer()  # BEGIN IMMEDIATE on SQLite: writers queue
         store.create_all(decision_metadata)
 
     def get(self, decision_id: str) -> DecisionRecord | None:
         with self.engine.connect() as conn:
-            row = (
-                conn.execute(
-                    select(decision_table).where(decision_table.c.decision_id == decision_id)
-                )
-                .mappings()
-                .first()
-            )
+            row = conn.execute(_GET, {"p_id": decision_id}).mappings().first()
         return _record(row) if row is not None else None
 
     def record(
@@ -92,8 +91,8 @@ class DecisionLog:
             "received_at": utcnow(),
         }
         try:
-            with self.engine.begin() as conn:
-                conn.execute(insert(decision_table).values(**values))
+            with self._writer.begin() as conn:
+                conn.execute(_INSERT, values)
         except IntegrityError:
             return self.get(decision_id)
         return None

@@ -64,7 +64,13 @@ class Publisher:
         self.publish_raw_event(event.type, event.model_dump_json())
 
     def publish_raw_event(self, routing_key: str, body: str) -> None:
-        self._publish(body, EVENTS, routing_key, headers={"event_type": routing_key})
+        # `declare`: declared again on every new connection. A reconnect gives kombu a
+        # fresh transport, and on Redis an exchange's type lives only in the client:
+        # undeclared, `interlock.events` would route as a direct exchange, and queues
+        # bound with patterns (`#`, `turn.*`) would silently get nothing.
+        self._publish(
+            body, EVENTS, routing_key, headers={"event_type": routing_key}, declare=[EVENTS]
+        )
 
     def publish_decision(self, decision: Decision | dict[str, Any] | str) -> None:
         """Publish a decision on `interlock.decisions`."""

@@ -15,6 +15,9 @@ publishes decisions as plain JSON, the way a program in another language would.
   the two processes. `dashboard_for(stack, request)`: the body of a per-test fixture;
   a failed test's report shows both processes' output.
 - `rabbitmq_vhost()`: a fresh RabbitMQ vhost for a test module (or a purge of "/").
+- `Service(name, args, log, env=None)` on its own: `.wait_for(marker)`, `.kill()`
+  (SIGKILL the process group, prefork children included), `.stop()`;
+  `report_logs_on_failure(stack, request)` for a stack of one's own (test_faults.py).
 
 Isolation: each test module has its own broker, database and processes; inside a
 module, each test has its own event queue (deleted after it), its own sessions, and
@@ -78,6 +81,7 @@ __all__ = [
     "interrupted_reader",
     "module_stack",
     "rabbitmq_vhost",
+    "report_logs_on_failure",
     "run_cli",
     "start_stack",
     "stream_queue",
@@ -161,14 +165,16 @@ class Service:
     """One long-running `interlock ...` process in a session of its own; stdout and
     stderr go to `log`."""
 
-    def __init__(self, name: str, args: list[str], log: Path) -> None:
+    def __init__(
+        self, name: str, args: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.args = args
         self.log = log
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 [interlock_bin(), *args],
-                env=child_env(),
+                env=env if env is not None else child_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -188,6 +194,25 @@ class Service:
     def tail(self, chars: int = 6000) -> str:
         text = self.output()
         return text[-chars:]
+
+    def wait_for(self, marker: str, timeout: float = 60.0) -> None:
+        """Wait until `marker` shows in the output; fail if the process exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if marker in self.output():
+                return
+            if not self.alive:
+                raise AssertionError(
+                    f"{self.name} exited with {self.proc.returncode} at start:\n" + self.tail()
+                )
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name} not ready in {timeout}s:\n{self.tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once (a prefork worker's children too),
+        as a machine dying would, and reap the leader."""
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def stop(self, timeout: float = 15.0) -> str:
         """SIGTERM the process group, SIGKILL it if it is still there after `timeout`.
@@ -241,17 +266,7 @@ class QueueStack:
         self._wait_for(self.consumer, "Connected to ")
 
     def _wait_for(self, service: Service, marker: str) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if marker in service.output():
-                return
-            if not service.alive:
-                raise AssertionError(
-                    f"{service.name} exited with {service.proc.returncode} at start:\n"
-                    + service.tail()
-                )
-            time.sleep(0.05)
-        raise AssertionError(f"{service.name} not ready in {READY_TIMEOUT}s:\n{service.tail()}")
+        service.wait_for(marker, READY_TIMEOUT)
 
     def check_alive(self) -> None:
         for service in self.services:
@@ -366,9 +381,18 @@ class Dashboard:
     decisions as JSON. Waits search `history`, so an event read while waiting for
     another one is never lost."""
 
-    def __init__(self, stack: QueueStack, submit: Callable[[str, str | None], str]) -> None:
+    def __init__(
+        self,
+        stack: Any,
+        submit: Callable[[str, str | None], str],
+        *,
+        transport_options: dict[str, Any] | None = None,
+    ) -> None:
+        """`stack`: a `QueueStack`, or anything with `broker_url` and `check_alive()`.
+        `transport_options`: the broker options every client shares (the visibility
+        timeout), when the test's services do not run with the defaults."""
         self.stack = stack
-        self.conn = Connection(stack.broker_url)
+        self.conn = Connection(stack.broker_url, transport_options=transport_options or {})
         self.conn.ensure_connection(max_retries=3)
         self.stream = EventStream.bind(self.conn, f"test.{uuid.uuid4()}", "#")
         self.history: list[EventBase] = []
@@ -620,7 +644,9 @@ def module_stack(
         yield stack.enter_context(start_stack(directory, broker_url, store_url))
 
 
-STACK_KEY = pytest.StashKey[QueueStack]()
+STACK_KEY = pytest.StashKey[Any]()
+"""The stack whose processes' output a failed test's report shows (anything with
+`logs(chars)`)."""
 
 
 class _LogsOnFailure:
@@ -640,14 +666,19 @@ class _LogsOnFailure:
         return report
 
 
-@contextlib.contextmanager
-def dashboard_for(stack: QueueStack, request: pytest.FixtureRequest) -> Iterator[Dashboard]:
-    """A dashboard for one test. A failed test's report shows the worker's and the
-    consumer's output; both must still be running when the test ends."""
+def report_logs_on_failure(stack: Any, request: pytest.FixtureRequest) -> None:
+    """If the test fails, its report shows `stack.logs(20000)` (the processes' output)."""
     plugins = request.config.pluginmanager
     if not plugins.has_plugin("interlock-queue-logs"):
         plugins.register(_LogsOnFailure(), "interlock-queue-logs")
     request.node.stash[STACK_KEY] = stack
+
+
+@contextlib.contextmanager
+def dashboard_for(stack: QueueStack, request: pytest.FixtureRequest) -> Iterator[Dashboard]:
+    """A dashboard for one test. A failed test's report shows the worker's and the
+    consumer's output; both must still be running when the test ends."""
+    report_logs_on_failure(stack, request)
     submitter = Submitter(stack)
     dash = Dashboard(stack, submitter)
     try:

@@ -21,8 +21,18 @@ from interlock import (
     respond,
 )
 from interlock.resume import check_resumable, pending_interrupts
+from interlock.stores.base import SessionStore
 from interlock.tools import brief
-from schemas import MAX_DECISION_BYTES, Decision, RespondEntry, RestartEntry, Snapshot, TurnRequest
+from schemas import (
+    MAX_DECISION_BYTES,
+    Decision,
+    FinishReason,
+    RespondEntry,
+    RestartEntry,
+    Snapshot,
+    SnapshotStatus,
+    TurnRequest,
+)
 
 from .runtime import Runtime
 
@@ -57,35 +67,45 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
         return ParseFailure(f"decision must be a JSON object, not {type(data).__name__}")
     found = data.get("decision_id")
     decision_id = (
-        found if isinstance(found, str) and 0 < len(found) <= 200 and "\x00" not in found else None
+        found
+        if isinstance(found, str) and 0 < len(found) <= 200 and _unstorable(found) is None
+        else None
     )
     if data.get("schema_version") != 1:
         return ParseFailure(
             f"unknown schema_version {data.get('schema_version')!r}; this consumer reads 1",
             decision_id,
         )
-    if _has_nul(data):  # valid JSON, but no text column (PostgreSQL) can keep it
-        return ParseFailure("decision contains a NUL character (\\u0000)", decision_id)
+    bad = _unstorable(data)
+    if bad is not None:  # valid JSON, but no text column (PostgreSQL) can keep it
+        return ParseFailure(f"decision contains {bad}", decision_id)
     try:
         return Decision.model_validate(data)
     except ValidationError as exc:
         return ParseFailure(f"decision does not match the schema: {brief(exc)}", decision_id)
 
 
-def _has_nul(data: Any) -> bool:
-    """Whether any string (key or value) holds U+0000. Iterative: no recursion limit."""
+def _unstorable(data: Any) -> str | None:
+    """What no text can hold, in any string (key or value): U+0000, or a lone surrogate
+    (JSON may escape one, `\\ud800`; it is not Unicode text, and a resume carrying it
+    would be accepted, then fail when its snapshot is saved). Iterative: no recursion
+    limit."""
     todo = [data]
     while todo:
         item = todo.pop()
         if isinstance(item, str):
             if "\x00" in item:
-                return True
+                return "a NUL character (\\u0000)"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return f"a lone surrogate (\\u{ord(item[exc.start]):04x}), which is not text"
         elif isinstance(item, dict):
             todo.extend(item.keys())
             todo.extend(item.values())
         elif isinstance(item, list):
             todo.extend(item)
-    return False
+    return None
 
 
 def to_tool_resume(decision: Decision, snapshot: Snapshot) -> ToolResume:
@@ -127,7 +147,7 @@ def evaluate(rt: Runtime, decision: Decision) -> tuple[Snapshot, TurnRequest]:
             f"resume_token does not match snapshot {snapshot.snapshot_id}",
         )
     check_resumable(snapshot, claimed_by=decision.decision_id)
-    agent = rt.agent(snapshot.agent)
+    agent = rt.agent(snapshot.agent).with_store(_Preloaded(rt.store, snapshot))
     resume = to_tool_resume(decision, snapshot)
     agent.validate_resume(resume, snapshot_id=snapshot.snapshot_id, claimed_by=decision.decision_id)
     if not rt.store.claim(snapshot.snapshot_id, decision.decision_id):
@@ -143,3 +163,40 @@ def evaluate(rt: Runtime, decision: Decision) -> tuple[Snapshot, TurnRequest]:
         decision_id=decision.decision_id,
     )
     return snapshot, request
+
+
+class _Preloaded:
+    """`store`, except that `get_snapshot` of the snapshot just read answers with it:
+    validating a decision reads the snapshot once, not twice. Writes go to `store`
+    (validation makes none; the claim is made on `store` itself)."""
+
+    def __init__(self, store: SessionStore, snapshot: Snapshot) -> None:
+        self._store = store
+        self._snapshot = snapshot
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
+        if snapshot_id == self._snapshot.snapshot_id:
+            return self._snapshot
+        return self._store.get_snapshot(snapshot_id)
+
+    def get_latest_snapshot(self, session_id: str) -> Snapshot | None:
+        return self._store.get_latest_snapshot(session_id)
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        self._store.save_snapshot(snapshot)
+
+    def claim(self, snapshot_id: str, by: str) -> bool:
+        return self._store.claim(snapshot_id, by)
+
+    def release(self, snapshot_id: str, by: str) -> None:
+        self._store.release(snapshot_id, by)
+
+    def list_snapshots(
+        self,
+        session_id: str | None = None,
+        status: SnapshotStatus | None = None,
+        finish_reason: FinishReason | None = None,
+        claimed: bool | None = None,
+        limit: int = 100,
+    ) -> list[Snapshot]:
+        return self._store.list_snapshots(session_id, status, finish_reason, claimed, limit)

@@ -62,6 +62,15 @@ class Settings:
     def transport_options(self) -> dict[str, Any]:
         """Options every kombu/Celery client of the broker must share."""
         options: dict[str, Any] = {"visibility_timeout": self.visibility_timeout}
+        if self.broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
+            # kombu restores unacked messages past the timeout in sweeps, by default every
+            # 10 s x 10 (100 s) in a worker: a short timeout would redeliver a dead
+            # worker's turn ~100 s late. Sweep every timeout/2 (as before at the default).
+            every = max(1, min(10, self.visibility_timeout // 2))
+            options["unacked_restore_interval"] = every
+            options["unacked_restore_throttle"] = max(
+                1, min(10, self.visibility_timeout // (2 * every))
+            )
         if self.broker_url.startswith("memory://"):
             options["polling_interval"] = 0.05  # in-process: poll often, it costs nothing
         return options
