@@ -8,7 +8,7 @@ event ids: a row whose transaction rolled back is simply not there). Rows of oth
 processes it sweeps only once they are `SWEEP_GRACE` seconds old, and at most once per
 `SWEEP_INTERVAL`: a live process publishes its own rows within milliseconds, so the
 sweep takes what a dead (or stuck) one left instead of racing the live ones and
-publishing their events twice. `flush_all()` takes every unsent row at once.
+publishing their events twice.
 """
 
 from __future__ import annotations
@@ -197,9 +197,6 @@ class Outbox:
         with self.store.writer().begin() as conn:
             conn.execute(_MARK_SENT, params)
 
-    def count_unsent(self) -> int:
-        return len(self.unsent(limit=1_000_000))
-
 
 def _erase_token(body: str) -> str:
     data: dict[str, Any] = json.loads(body)
@@ -210,7 +207,8 @@ def _erase_token(body: str) -> str:
 
 
 class OutboxRelay:
-    """Publishes unsent outbox rows in order. `flush()` once, or `start()` a thread."""
+    """Publishes unsent outbox rows in order (`flush()`; the resume consumer's
+    maintenance calls it periodically)."""
 
     def __init__(
         self,
@@ -226,8 +224,6 @@ class OutboxRelay:
         self.sweep_grace = sweep_grace
         self._swept_at: float | None = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def flush(self, limit: int = 500) -> int:
         """Publish the rows this process wrote; then, at most once per `sweep_interval`,
@@ -241,12 +237,6 @@ class OutboxRelay:
                 self._swept_at = now
                 sent += self._publish(self.outbox.unsent_before(self.sweep_grace, limit))
         return sent
-
-    def flush_all(self, limit: int = 500) -> int:
-        """Publish every unsent row now, however recent (duplicates are possible when
-        another process is publishing the same rows)."""
-        with self._lock:
-            return self._publish(self.outbox.unsent(limit))
 
     def _publish(
         self, rows: Sequence[tuple[int, str, str]], event_ids: Sequence[str] | None = None
@@ -264,22 +254,3 @@ class OutboxRelay:
             if event_ids is not None:
                 self.outbox.forget(event_ids[:done])
         return done
-
-    def start(self, interval: float) -> None:
-        """Flush now, then every `interval` seconds in a daemon thread."""
-
-        def loop() -> None:
-            while not self._stop.is_set():
-                try:
-                    self.flush()
-                except Exception:
-                    log.exception("outbox relay: publishing failed; will retry")
-                self._stop.wait(interval)
-
-        self._thread = threading.Thread(target=loop, name="interlock-outbox", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)

@@ -75,7 +75,6 @@ class Runtime:
 
     def close(self) -> None:
         if "relay" in self.__dict__:
-            self.relay.stop()
             self.relay.publisher.close()
             self.relay.publisher.connection.release()
         if "publisher" in self.__dict__:
