@@ -33,6 +33,7 @@ from kombu.message import Message as KombuMessage
 from kombu.messaging import Consumer
 from kombu.mixins import ConsumerMixin
 
+from workers.app import delivery_config
 from workers.settings import Settings
 
 __all__ = ["EVENTS", "QUEUES", "REPLIES", "TASKS", "app", "make_app"]
@@ -59,23 +60,10 @@ def make_app(broker_url: str) -> Celery:
     settings = Settings(broker_url=broker_url)
     app = Celery("bench_baseline", broker=broker_url, set_as_current=False)
     app.conf.update(
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        task_ignore_result=True,
-        broker_connection_retry=True,
-        broker_connection_retry_on_startup=True,
-        broker_connection_max_retries=None,
-        broker_transport_options=settings.transport_options,
+        delivery_config(settings),
         task_default_queue=TASKS,
         task_queues=[TASKS_QUEUE],
         task_routes={"bench.a": {"queue": TASKS}, "bench.b": {"queue": TASKS}},
-        worker_hijack_root_logger=False,
-        worker_send_task_events=False,
-        enable_utc=True,
     )
 
     def publish(kind: str, cycle_id: str) -> None:

@@ -15,9 +15,30 @@ from .runtime import Runtime
 from .settings import Settings
 from .turns import TurnBusy, run_turn
 
-__all__ = ["RUN_TURN", "create_app", "runtime_of"]
+__all__ = ["RUN_TURN", "create_app", "delivery_config", "runtime_of"]
 
 RUN_TURN = "interlock.run_turn"
+
+
+def delivery_config(settings: Settings) -> dict[str, Any]:
+    """The Celery settings every Interlock worker and client shares: JSON only, acks
+    after the work, prefetch 1, broker connection retried forever."""
+    return {
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_ignore_result": True,
+        "broker_connection_retry": True,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "broker_transport_options": settings.transport_options,
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+        "enable_utc": True,
+    }
 
 
 def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
@@ -25,23 +46,10 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
     registry named by `settings.app`, loaded on first use)."""
     app = Celery("interlock", broker=settings.broker_url, set_as_current=False)
     app.conf.update(
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        task_ignore_result=True,
-        broker_connection_retry=True,
-        broker_connection_retry_on_startup=True,
-        broker_connection_max_retries=None,
-        broker_transport_options=settings.transport_options,
+        delivery_config(settings),
         task_default_queue=TURNS,
         task_queues=[TURNS_QUEUE],
         task_routes={RUN_TURN: {"queue": TURNS}},
-        worker_hijack_root_logger=False,
-        worker_send_task_events=False,
-        enable_utc=True,
     )
     runtime = Runtime(settings, registry)
     app.interlock_runtime = runtime
