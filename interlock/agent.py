@@ -247,6 +247,8 @@ class Agent:
     def _claim(self, base: _Base, claimed_by: str | None) -> str | None:
         if self.store is None or base.snapshot is None:
             return None
+        if claimed_by is not None and base.snapshot.resumed_by == claimed_by:
+            return claimed_by  # claimed by the caller before this run read it: nothing to do
         by = claimed_by or _new_id()
         if not self.store.claim(base.snapshot.snapshot_id, by):
             raise ResumeValidationError(

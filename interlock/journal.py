@@ -1,10 +1,12 @@
 """The turn journal: what a turn already did, so a redelivered turn replays it.
 
 A worker can die mid-turn; its task is then delivered again and the turn runs again
-from the last snapshot. The journal keeps, as they complete, each model response and
-each tool call's outcome, keyed by session, turn and step (`model:N`) or call ref
-(`tool:REF`). The second run replays them: the model is not asked again (so the calls
-and their refs are the same) and completed tools do not run again.
+from the last snapshot. The journal keeps each tool call's outcome as it completes, and
+each model response before the first tool acting on it runs, keyed by session, turn and
+step (`model:N`) or call ref (`tool:REF`). The second run replays them: the model is
+not asked again (so the calls and their refs are the same) and completed tools do not
+run again. A model response that no tool acted on is not kept: the turn's snapshot
+supersedes it, and a run that died before that snapshot asks the model again.
 
 One window remains: a crash inside a tool after its side effect and before its
 journal entry is written. The tool then runs again on redelivery. `ctx.idempotency_key`

@@ -63,7 +63,10 @@ def check_resumable(snapshot: Snapshot, claimed_by: str | None = None) -> None:
         raise ResumeValidationError(
             Status.FAILED_PRECONDITION, f"snapshot {sid} is not interrupted: nothing to resume"
         )
-    if snapshot.expires_at is not None and snapshot.expires_at <= utcnow():
+    claimed_in_time = snapshot.resumed_by is not None and snapshot.resumed_by == claimed_by
+    if snapshot.expires_at is not None and snapshot.expires_at <= utcnow() and not claimed_in_time:
+        # A claim is only made before the deadline, and a claimed snapshot is never
+        # expired: the answer it holds was in time, however late its turn runs.
         raise ResumeValidationError(
             Status.FAILED_PRECONDITION,
             f"snapshot {sid} expired at {snapshot.expires_at.isoformat()} and cannot be resumed",

@@ -83,6 +83,7 @@ class Turn:
         self.journal = journal
         self._journaled = journal.load(session_id, turn_id) if journal is not None else {}
         self._step = 0
+        self._unrecorded: tuple[str, ModelResponse] | None = None
         self.expires_in: float | None = None
         """The earliest deadline (seconds from the pause) a tool gave its interrupt."""
 
@@ -203,8 +204,17 @@ class Turn:
             )
             return replayed
         response = self._ask_model()
-        self._record(key, response.to_json())
+        # Kept once a tool is about to act on it (`_call`): a response no tool acts on
+        # is superseded by the turn's snapshot, and a crash before then has no effect
+        # that asking the model again could contradict.
+        self._unrecorded = (key, response)
         return response
+
+    def _record_model(self) -> None:
+        if self._unrecorded is not None:
+            key, response = self._unrecorded
+            self._unrecorded = None
+            self._record(key, response.to_json())
 
     def _record(self, key: str, value: Any) -> None:
         if self.journal is not None:
@@ -281,6 +291,7 @@ class Turn:
         call = innermost
         for mw in reversed(self.middleware):
             call = _wrap(mw, tool, call)
+        self._record_model()
         try:
             output = call(ctx)
         except ToolInterrupt as pause:

@@ -99,6 +99,35 @@ def test_agent_default_deadline_and_no_deadline() -> None:
     assert plain.store.get_snapshot(out.snapshot_id).expires_at is None
 
 
+@pytest.fixture(params=["memory", "sqlite"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SessionStore]:
+    if request.param == "memory":
+        yield InMemorySessionStore()
+        return
+    store = SqlSessionStore(f"sqlite:///{tmp_path}/x.db")
+    try:
+        yield store
+    finally:
+        store.dispose()
+
+
+def test_answer_claimed_in_time_runs_after_the_deadline(any_store: SessionStore) -> None:
+    """The consumer claimed the decision before the deadline; the worker that runs it
+    after the deadline does not refuse it."""
+    store = any_store
+    agent, ask = make_agent(store)
+    out = agent.run_text(json.dumps({"n": 1, "wait": 0.2}))
+    resume = ToolResume(restart=[ask.resume(out.interrupts[0], {"x": 1})])
+    agent.validate_resume(resume, snapshot_id=out.snapshot_id, claimed_by="decision-1")
+    assert store.claim(out.snapshot_id, "decision-1")
+    time.sleep(0.3)
+    done = agent.run(resume, snapshot_id=out.snapshot_id, claimed_by="decision-1")
+    assert done.finish_reason is FinishReason.STOP and done.text == "answered"
+    with pytest.raises(ResumeValidationError) as info:  # anyone else is too late
+        agent.run(resume, snapshot_id=out.snapshot_id, claimed_by="decision-2")
+    assert info.value.status is Status.FAILED_PRECONDITION
+
+
 def test_non_positive_deadline_fails_the_tool() -> None:
     agent, _ = make_agent(InMemorySessionStore())
     with pytest.raises(ToolFailedError) as info:
@@ -109,13 +138,8 @@ def test_non_positive_deadline_fails_the_tool() -> None:
     assert "expires_in must be positive" in cause.message
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-def test_answer_after_the_deadline_is_refused(kind: str, tmp_path: Path) -> None:
-    store: SessionStore = (
-        InMemorySessionStore()
-        if kind == "memory"
-        else SqlSessionStore(f"sqlite:///{tmp_path}/x.db")
-    )
+def test_answer_after_the_deadline_is_refused(any_store: SessionStore) -> None:
+    store = any_store
     agent, ask = make_agent(store)
     out = agent.run_text(json.dumps({"n": 1, "wait": 0.2}))
     time.sleep(0.3)
@@ -125,8 +149,6 @@ def test_answer_after_the_deadline_is_refused(kind: str, tmp_path: Path) -> None
     assert info.value.status is Status.FAILED_PRECONDITION
     assert "expired" in info.value.message
     assert not store.claim(out.snapshot_id, "late"), "the claim refuses it too"
-    if isinstance(store, SqlSessionStore):
-        store.dispose()
 
 
 def test_sweeper_expires_and_announces(sql_store: SqlSessionStore) -> None:

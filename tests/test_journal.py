@@ -24,7 +24,7 @@ from interlock import (
     scripted,
 )
 from interlock.journal import InMemoryJournal, TurnJournal
-from interlock.stores.sql_journal import SqlTurnJournal
+from interlock.stores.sql_journal import SqlTurnJournal, TurnStartKind
 
 
 class Crash(BaseException):
@@ -162,6 +162,21 @@ def test_idempotency_key_is_stable_across_replays_and_restarts(journal: TurnJour
     assert entry["metadata"]["resolvedInterrupt"] == {"pay": 3}
 
 
+def test_model_answer_no_tool_acts_on_is_not_journaled(journal: TurnJournal) -> None:
+    """The snapshot supersedes a final answer: only what tools act on is kept."""
+    ai = Interlock(secret="t")
+    scripted.define(ai, "talk", lambda request: scripted.text("hello"))
+    agent = ai.define_agent("talk", model="scripted/talk", store=InMemorySessionStore())
+    out = agent.run_text("hi", turn_id="t1", journal=journal)
+    assert out.text == "hello" and out.session_id is not None
+    assert journal.load(out.session_id, "t1") == {}
+
+    rig = Rig()  # an answer with tool calls is kept before the first tool runs
+    out = rig.agent.run_text("go", session_id="s2", turn_id="t2", journal=journal)
+    assert out.finish_reason is FinishReason.INTERRUPTED
+    assert "model:0" in journal.load("s2", "t2")
+
+
 def test_first_value_wins(journal: TurnJournal) -> None:
     journal.record("s", "t", "k", {"v": 1})
     journal.record("s", "t", "k", {"v": 2})
@@ -204,3 +219,85 @@ def test_expired_lease_is_taken_over(sql_journal: SqlTurnJournal) -> None:
     assert sql_journal.acquire("turn", "w2", ttl=30)
     holder = sql_journal.holder("turn")
     assert holder is not None and holder[0] == "w2"
+
+
+def _save_turn_end(store: SqlSessionStore, turn_id: str) -> str:
+    from schemas import Snapshot, SnapshotStatus, utcnow
+
+    now = utcnow()
+    snapshot = Snapshot(
+        snapshot_id=f"snap-{turn_id}",
+        session_id="s",
+        agent="a",
+        status=SnapshotStatus.COMPLETED,
+        messages=[],
+        created_at=now,
+        updated_at=now,
+        turn_id=turn_id,
+    )
+    store.save_snapshot(snapshot)
+    return snapshot.snapshot_id
+
+
+def test_begin_takes_the_lease_once_per_turn(sql_journal: SqlTurnJournal) -> None:
+    first = sql_journal.begin("turn", "w1", ttl=30)
+    assert first.kind is TurnStartKind.NEW, "nobody ran it: nothing to replay"
+    assert sql_journal.held() == {"turn": "w1"}
+    assert sql_journal.begin("turn", "w2", ttl=30).kind is TurnStartKind.BUSY
+    holder = sql_journal.holder("turn")
+    assert holder is not None and holder[0] == "w1"
+
+
+def test_the_snapshot_ending_a_turn_gives_up_its_lease_and_journal(
+    sql_journal: SqlTurnJournal,
+) -> None:
+    assert sql_journal.begin("turn", "w1", ttl=30).kind is TurnStartKind.NEW
+    sql_journal.record("s", "turn", "tool:x", {"output": 1})
+    sql_journal.record("s", "other", "tool:y", {"output": 2})
+    snapshot_id = _save_turn_end(sql_journal.store, "turn")
+    assert sql_journal.holder("turn") is None, "deleted in the snapshot's transaction"
+    assert sql_journal.load("s", "turn") == {}
+    assert sql_journal.load("s", "other") == {"tool:y": {"output": 2}}, "other turns kept"
+    sql_journal.end("turn", "w1", snapshot_saved=True)
+    assert sql_journal.held() == {}
+    again = sql_journal.begin("turn", "w2", ttl=30)
+    assert (again.kind, again.snapshot_id, again.status) == (
+        TurnStartKind.ENDED,
+        snapshot_id,
+        "completed",
+    )
+    assert sql_journal.held() == {}, "an ended turn holds no lease"
+
+
+def test_a_run_that_ends_without_a_snapshot_leaves_its_journal_to_the_next(
+    sql_journal: SqlTurnJournal,
+) -> None:
+    assert sql_journal.begin("turn", "w1", ttl=30).kind is TurnStartKind.NEW
+    sql_journal.record("s", "turn", "tool:x", {"output": 1})
+    sql_journal.end("turn", "w1", snapshot_saved=False)  # the run raised
+    assert sql_journal.held() == {}
+    holder = sql_journal.holder("turn")
+    assert holder is not None and holder[0] == "w1", "expired, not deleted"
+    taken = sql_journal.begin("turn", "w2", ttl=30)
+    assert taken.kind is TurnStartKind.TAKEN_OVER, "the next run replays the journal"
+    assert sql_journal.load("s", "turn") == {"tool:x": {"output": 1}}
+
+
+def test_a_dead_runs_expired_lease_is_taken_over(sql_journal: SqlTurnJournal) -> None:
+    assert sql_journal.begin("turn", "dead", ttl=0.001).kind is TurnStartKind.NEW
+    time.sleep(0.05)
+    assert sql_journal.begin("turn", "w2", ttl=30).kind is TurnStartKind.TAKEN_OVER
+    holder = sql_journal.holder("turn")
+    assert holder is not None and holder[0] == "w2"
+
+
+def test_renew_held_extends_every_lease_held_here(sql_journal: SqlTurnJournal) -> None:
+    assert sql_journal.renew_held(30) == 0
+    sql_journal.begin("a", "w1", ttl=0.2)
+    sql_journal.begin("b", "w1", ttl=0.2)
+    assert sql_journal.renew_held(30) == 2
+    time.sleep(0.3)
+    assert sql_journal.begin("a", "w2", ttl=30).kind is TurnStartKind.BUSY, "renewed: still held"
+    sql_journal.end("b", "w1", snapshot_saved=False)
+    assert sql_journal.renew_held(30) == 1
+    assert sql_journal.begin("b", "w2", ttl=30).kind is TurnStartKind.TAKEN_OVER

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 import uuid
+import weakref
 from typing import Any
 
 from interlock import AgentInput, InterlockError, StatusError
+from interlock.journal import TurnJournal
+from interlock.stores.sql_journal import SqlTurnJournal, TurnStartKind
 from schemas import SnapshotStatus, TurnFailed, TurnRequest
 
 from .runtime import Runtime
@@ -42,27 +47,28 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     not run again. A turn that fails is recorded (`turn.failed`) and not retried: it is
     an answer. Infrastructure errors (database, broker) propagate and are retried."""
     request = TurnRequest.model_validate(payload)
-    ended = rt.store.find_turn(request.turn_id)
-    if ended is not None:
-        log.info(
-            "turn %s already ended (%s); not running it again", request.turn_id, ended.status.value
-        )
-        _flush(rt)
-        return {"turn_id": request.turn_id, "snapshot_id": ended.snapshot_id, "duplicate": True}
     owner = f"{rt.worker_id}:{uuid.uuid4().hex[:8]}"
-    ttl = rt.settings.turn_lease
-    if not rt.journal.acquire(request.turn_id, owner, ttl):
+    start = rt.journal.begin(request.turn_id, owner, rt.settings.turn_lease)
+    if start.kind is TurnStartKind.ENDED:
+        log.info("turn %s already ended (%s); not running it again", request.turn_id, start.status)
+        _flush(rt)
+        return {"turn_id": request.turn_id, "snapshot_id": start.snapshot_id, "duplicate": True}
+    if start.kind is TurnStartKind.BUSY:
         raise TurnBusy(f"turn {request.turn_id} is running elsewhere")
+    _renewals(rt)
+    # A first run has nothing to replay: skip reading the journal.
+    journal = rt.journal if start.kind is TurnStartKind.TAKEN_OVER else _FirstRun(rt.journal)
+    saved = False
     try:
-        with _Renewal(rt, request.turn_id, owner, ttl):
-            result = _run(rt, request)
+        result = _run(rt, request, journal)
+        saved = "snapshot_id" in result
     finally:
-        rt.journal.release(request.turn_id, owner)
+        rt.journal.end(request.turn_id, owner, snapshot_saved=saved)
     _flush(rt)
     return result
 
 
-def _run(rt: Runtime, request: TurnRequest) -> dict[str, Any]:
+def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, Any]:
     try:
         agent = rt.agent(request.agent)
         out = agent.run(
@@ -71,7 +77,7 @@ def _run(rt: Runtime, request: TurnRequest) -> dict[str, Any]:
             snapshot_id=request.snapshot_id,
             claimed_by=request.claimed_by,
             turn_id=request.turn_id,
-            journal=rt.journal,
+            journal=journal,
         )
         return {
             "turn_id": request.turn_id,
@@ -95,7 +101,11 @@ def _run(rt: Runtime, request: TurnRequest) -> dict[str, Any]:
                 )
             )
         log.info("turn %s failed: %s", request.turn_id, error)
-        return {"turn_id": request.turn_id, "error": error.to_json()}
+        failed: dict[str, Any] = {"turn_id": request.turn_id, "error": error.to_json()}
+        ended_with = getattr(exc, "snapshot_id", None)
+        if ended_with is not None:
+            failed["snapshot_id"] = ended_with  # the failed snapshot ended the turn
+        return failed
 
 
 def _flush(rt: Runtime) -> None:
@@ -105,28 +115,52 @@ def _flush(rt: Runtime) -> None:
         log.exception("publishing events failed; the outbox relay will send them later")
 
 
-class _Renewal:
-    """Renews the turn's lease every third of its life while the turn runs."""
+class _FirstRun:
+    """The journal of a turn that no run has started before: nothing to load."""
 
-    def __init__(self, rt: Runtime, turn_id: str, owner: str, ttl: float) -> None:
-        self.rt, self.turn_id, self.owner, self.ttl = rt, turn_id, owner, ttl
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="interlock-lease", daemon=True)
+    def __init__(self, journal: TurnJournal) -> None:
+        self._journal = journal
+
+    def load(self, session_id: str, turn_id: str) -> dict[str, Any]:
+        return {}
+
+    def record(self, session_id: str, turn_id: str, key: str, value: Any) -> None:
+        self._journal.record(session_id, turn_id, key, value)
+
+
+class _Renewals:
+    """One thread per process and journal renews every lease held there, every third
+    of a lease's life, in one transaction. It ends with its journal."""
+
+    def __init__(self, journal: SqlTurnJournal, ttl: float) -> None:
+        self.pid = os.getpid()
+        self._journal = weakref.ref(journal)
+        self._ttl = ttl
+        threading.Thread(target=self._loop, name="interlock-leases", daemon=True).start()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
+        while True:
+            time.sleep(self._ttl / 3)
+            journal = self._journal()
+            if journal is None:
+                return
             try:
-                self.rt.journal.acquire(self.turn_id, self.owner, self.ttl)
+                journal.renew_held(self._ttl)
             except Exception:
-                log.exception("renewing the lease of turn %s failed", self.turn_id)
+                log.exception("renewing turn leases failed")
+            del journal
 
-    def __enter__(self) -> _Renewal:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+_renewers: weakref.WeakKeyDictionary[SqlTurnJournal, _Renewals] = weakref.WeakKeyDictionary()
+_renewers_lock = threading.Lock()
+
+
+def _renewals(rt: Runtime) -> None:
+    """Start the renewal thread of this process's journal, once (again after a fork)."""
+    with _renewers_lock:
+        found = _renewers.get(rt.journal)
+        if found is None or found.pid != os.getpid():
+            _renewers[rt.journal] = _Renewals(rt.journal, rt.settings.turn_lease)
 
 
 def _where_it_stands(rt: Runtime, request: TurnRequest) -> tuple[str | None, str | None]:

@@ -8,12 +8,23 @@ renews it while it runs; a second delivery of the same turn (a broker redeliveri
 message whose visibility timeout passed, a duplicate enqueue) finds the lease held
 and does not run it concurrently. A lease whose holder died expires, and the next
 delivery takes over, replaying the journal.
+
+A worker's turn costs few transactions: `begin` checks that the turn has not ended and
+takes its lease in one write transaction; the snapshot that ends the turn deletes the
+lease and the turn's journal entries in its own transaction (a save hook); `end`
+writes only when no snapshot did (the turn was refused, or the run raised), and then
+expires the lease instead of deleting it, so that the next delivery knows an earlier
+run may have left journal entries.
 """
 
 from __future__ import annotations
 
+import enum
 import json
+import threading
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
@@ -23,19 +34,23 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
+    bindparam,
     delete,
     insert,
     or_,
     select,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.dml import Insert
 
-from schemas import utcnow
+from schemas import Snapshot, utcnow
 
 from .sql import SqlSessionStore
 
-__all__ = ["SqlTurnJournal", "journal_metadata"]
+__all__ = ["SqlTurnJournal", "TurnStart", "TurnStartKind", "journal_metadata"]
 
 journal_metadata = MetaData()
 
@@ -58,20 +73,85 @@ _LEASE = Table(
 )
 
 
+_SNAP = SqlSessionStore.metadata.tables["interlock_snapshot"]
+_ENDED = (
+    select(_SNAP.c.snapshot_id, _SNAP.c.status)
+    .where(_SNAP.c.turn_id == bindparam("p_turn"))
+    .order_by(_SNAP.c.seq)
+    .limit(1)
+)
+_TAKE = (
+    update(_LEASE)
+    .where(
+        _LEASE.c.turn_id == bindparam("p_turn"),
+        or_(_LEASE.c.owner == bindparam("p_owner"), _LEASE.c.expires_at <= bindparam("p_now")),
+    )
+    .values(owner=bindparam("p_owner"), expires_at=bindparam("p_until"))
+)
+_RENEW = (
+    update(_LEASE)
+    .where(_LEASE.c.turn_id == bindparam("p_turn"), _LEASE.c.owner == bindparam("p_owner"))
+    .values(expires_at=bindparam("p_until"))
+)
+_DROP_LEASE = delete(_LEASE).where(
+    _LEASE.c.turn_id == bindparam("p_turn"), _LEASE.c.owner == bindparam("p_owner")
+)
+_DROP_ENTRIES = delete(_JOURNAL).where(_JOURNAL.c.turn_id == bindparam("p_turn"))
+_LOAD = select(_JOURNAL.c.key, _JOURNAL.c.body).where(_JOURNAL.c.turn_id == bindparam("p_turn"))
+_RECORD = insert(_JOURNAL)
+
+
+@cache
+def _insert_lease_if_absent(dialect: str) -> Insert | None:
+    """INSERT .. ON CONFLICT (turn_id) DO NOTHING RETURNING turn_id, where the dialect
+    has it: a row comes back when this insert took the lease (psycopg reports no
+    rowcount for an insert without RETURNING)."""
+    stmt: Insert
+    if dialect == "postgresql":
+        stmt = postgresql.insert(_LEASE).on_conflict_do_nothing(index_elements=[_LEASE.c.turn_id])
+    elif dialect == "sqlite":
+        stmt = sqlite.insert(_LEASE).on_conflict_do_nothing(index_elements=[_LEASE.c.turn_id])
+    else:
+        return None
+    return stmt.returning(_LEASE.c.turn_id)
+
+
+class TurnStartKind(enum.Enum):
+    NEW = "new"
+    """No run of this turn ever held its lease: there is no journal to replay."""
+    TAKEN_OVER = "taken_over"
+    """An earlier run held the lease (it died, or raised): replay its journal."""
+    BUSY = "busy"
+    """Another run holds a live lease."""
+    ENDED = "ended"
+    """A snapshot already carries this turn id: the turn is over."""
+
+
+@dataclass(frozen=True)
+class TurnStart:
+    kind: TurnStartKind
+    snapshot_id: str | None = None
+    """ENDED: the snapshot the turn ended with."""
+    status: str | None = None
+    """ENDED: that snapshot's status."""
+
+
 class SqlTurnJournal:
     """Journal entries and turn leases in the store's database."""
 
     def __init__(self, store: SqlSessionStore) -> None:
         self.store = store
         store.create_all(journal_metadata)
+        self._insert_if_absent = _insert_lease_if_absent(store.engine.dialect.name)
+        self._held: dict[str, str] = {}  # turn id -> owner, leases `begin` took here
+        self._held_lock = threading.Lock()
+        store.add_save_hook(self._on_save)
 
     # -- the journal --------------------------------------------------------------------
 
     def load(self, session_id: str, turn_id: str) -> dict[str, Any]:
         with self.store.engine.connect() as conn:
-            rows = conn.execute(
-                select(_JOURNAL.c.key, _JOURNAL.c.body).where(_JOURNAL.c.turn_id == turn_id)
-            ).all()
+            rows = conn.execute(_LOAD, {"p_turn": turn_id}).all()
         return {str(key): json.loads(body) for key, body in rows}
 
     def record(self, session_id: str, turn_id: str, key: str, value: Any) -> None:
@@ -84,9 +164,93 @@ class SqlTurnJournal:
         }
         try:
             with self.store.writer().begin() as conn:
-                conn.execute(insert(_JOURNAL).values(row))
+                conn.execute(_RECORD, row)
         except IntegrityError:
             pass  # the first value written wins
+
+    # -- a worker's turn ----------------------------------------------------------------
+
+    def begin(self, turn_id: str, owner: str, ttl: float) -> TurnStart:
+        """Start a run of `turn_id`, in one write transaction: ENDED when a snapshot
+        already carries the turn id, else take its lease for `ttl` seconds (NEW or
+        TAKEN_OVER), else BUSY. A lease taken here is renewed by `renew_held` and given
+        up by the snapshot that ends the turn, or by `end`."""
+        if self._insert_if_absent is None:
+            return self._begin_portable(turn_id, owner, ttl)
+        now = utcnow()
+        params = {"p_turn": turn_id, "p_owner": owner, "p_now": now}
+        params["p_until"] = now + timedelta(seconds=ttl)
+        with self.store.writer().begin() as conn:
+            ended = conn.execute(_ENDED, params).first()
+            if ended is not None:
+                return TurnStart(TurnStartKind.ENDED, str(ended[0]), str(ended[1]))
+            if conn.execute(_TAKE, params).rowcount == 1:
+                kind = TurnStartKind.TAKEN_OVER
+            else:
+                row = {"turn_id": turn_id, "owner": owner, "expires_at": params["p_until"]}
+                inserted = conn.execute(self._insert_if_absent, row).first() is not None
+                kind = TurnStartKind.NEW if inserted else TurnStartKind.BUSY
+        if kind != TurnStartKind.BUSY:
+            with self._held_lock:
+                self._held[turn_id] = owner
+        return TurnStart(kind)
+
+    def _begin_portable(self, turn_id: str, owner: str, ttl: float) -> TurnStart:
+        """`begin` for a database without `ON CONFLICT`: more transactions, and every
+        start counts as a take-over (the journal is always read)."""
+        ended = self.store.find_turn(turn_id)
+        if ended is not None:
+            return TurnStart(TurnStartKind.ENDED, ended.snapshot_id, ended.status.value)
+        if not self.acquire(turn_id, owner, ttl):
+            return TurnStart(TurnStartKind.BUSY)
+        with self._held_lock:
+            self._held[turn_id] = owner
+        return TurnStart(TurnStartKind.TAKEN_OVER)
+
+    def _on_save(self, conn: Connection, snapshot: Snapshot, created: bool) -> None:
+        """The snapshot that ends a turn held here gives up its lease and drops its
+        journal entries, in the snapshot's own transaction: once it commits, `begin`
+        answers ENDED and nothing replays them."""
+        if not created or snapshot.turn_id is None:
+            return
+        with self._held_lock:
+            owner = self._held.get(snapshot.turn_id)
+        if owner is None:
+            return
+        params = {"p_turn": snapshot.turn_id, "p_owner": owner}
+        conn.execute(_DROP_LEASE, params)
+        conn.execute(_DROP_ENTRIES, params)
+
+    def end(self, turn_id: str, owner: str, *, snapshot_saved: bool) -> None:
+        """The run of `turn_id` that `begin` started is over. When no snapshot ended the
+        turn (it was refused, or the run raised), its lease is expired, not deleted:
+        the next delivery takes it over and replays what this run journaled."""
+        with self._held_lock:
+            if self._held.get(turn_id) == owner:
+                del self._held[turn_id]
+        if snapshot_saved:
+            return
+        params = {"p_turn": turn_id, "p_owner": owner, "p_until": utcnow()}
+        with self.store.writer().begin() as conn:
+            conn.execute(_RENEW, params)
+
+    def renew_held(self, ttl: float) -> int:
+        """Extend every lease `begin` took here and not yet given up, in one
+        transaction. Returns how many were renewed."""
+        with self._held_lock:
+            held = list(self._held.items())
+        if not held:
+            return 0
+        until = utcnow() + timedelta(seconds=ttl)
+        params = [{"p_turn": t, "p_owner": o, "p_until": until} for t, o in held]
+        with self.store.writer().begin() as conn:
+            conn.execute(_RENEW, params)
+        return len(held)
+
+    def held(self) -> dict[str, str]:
+        """The leases `begin` took here and not yet given up: turn id -> owner."""
+        with self._held_lock:
+            return dict(self._held)
 
     # -- leases -------------------------------------------------------------------------
 
