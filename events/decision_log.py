@@ -3,12 +3,13 @@ consumer idempotent by `decision_id` and is the audit trail of who decided what.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Column, DateTime, Index, MetaData, Table, Text, bindparam, insert, select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from interlock import SqlSessionStore
@@ -60,10 +61,19 @@ class DecisionLog:
         self._writer = store.writer()  # BEGIN IMMEDIATE on SQLite: writers queue
         store.create_all(decision_metadata)
 
-    def get(self, decision_id: str) -> DecisionRecord | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(_GET, {"p_id": decision_id}).mappings().first()
+    def get(self, decision_id: str, *, conn: Connection | None = None) -> DecisionRecord | None:
+        """The record of `decision_id`, if any; on `conn` when given (a read sharing the
+        caller's transaction)."""
+        if conn is None:
+            with self.engine.connect() as own:
+                return self.get(decision_id, conn=own)
+        row = conn.execute(_GET, {"p_id": decision_id}).mappings().first()
         return _record(row) if row is not None else None
+
+    def begin(self) -> AbstractContextManager[Connection]:
+        """A write transaction on the log's database (`BEGIN IMMEDIATE` on SQLite), for a
+        `record(..., conn=)` that must commit with other writes (the resume's claim)."""
+        return self._writer.begin()
 
     def record(
         self,
@@ -73,9 +83,15 @@ class DecisionLog:
         event: EventBase,
         reviewer: str | None,
         session_id: str | None,
+        conn: Connection | None = None,
     ) -> DecisionRecord | None:
         """Store the first outcome of `decision_id`. Returns the earlier record instead
-        when another consumer got there first."""
+        when another consumer got there first.
+
+        With `conn` (a transaction from `begin()`), the row is written there and commits
+        with it. A decision another consumer recorded first then raises `IntegrityError`
+        instead, and the caller's transaction must roll back (on PostgreSQL it can run
+        nothing more)."""
         error: Any = getattr(event, "error", None)
         values = {
             "decision_id": decision_id,
@@ -90,9 +106,12 @@ class DecisionLog:
             "event_body": event.model_dump_json(),
             "received_at": utcnow(),
         }
+        if conn is not None:
+            conn.execute(_INSERT, values)
+            return None
         try:
-            with self._writer.begin() as conn:
-                conn.execute(_INSERT, values)
+            with self._writer.begin() as own:
+                own.execute(_INSERT, values)
         except IntegrityError:
             return self.get(decision_id)
         return None

@@ -13,16 +13,26 @@ from kombu.connection import Connection
 from kombu.message import Message as KombuMessage
 from kombu.messaging import Consumer
 from kombu.mixins import ConsumerMixin
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, IntegrityError
 
+from events.decision_log import DecisionRecord
 from events.topology import DECISIONS
 from interlock import StatusError
-from schemas import Decision, DecisionAccepted, DecisionRejected, ErrorInfo, EventBase, Status
+from schemas import (
+    Decision,
+    DecisionAccepted,
+    DecisionRejected,
+    ErrorInfo,
+    EventBase,
+    Snapshot,
+    Status,
+    TurnRequest,
+)
 
 from .app import RUN_TURN, runtime_of
-from .decisions import ParseFailure, evaluate, parse_decision
+from .decisions import ParseFailure, evaluate, parse_decision, resume_request
 
-__all__ = ["ResumeConsumer"]
+__all__ = ["EnqueueError", "ResumeConsumer"]
 
 log = logging.getLogger("interlock.consumer")
 
@@ -31,11 +41,17 @@ _CONTENT_ERRORS = (ValueError, TypeError, LookupError, RecursionError, DataError
 retrying the message cannot help. Any other error is taken for a failing store or broker."""
 
 
+class EnqueueError(Exception):
+    """The resume of a recorded, accepted decision could not be enqueued: the decision is
+    requeued (never dead-lettered), and its next delivery enqueues the resume."""
+
+
 class ResumeConsumer(ConsumerMixin):
     """Consumes `interlock.decisions`. Every message ends in exactly one outcome event
     (`decision.accepted` / `decision.rejected`); what cannot be parsed is also kept on
     `interlock.decisions.dead`. A decision is acked only once its outcome is recorded
-    and, when accepted, its resumed turn is enqueued under a committed claim."""
+    and, when accepted, its resumed turn is enqueued under a committed claim (the claim
+    and the record commit together)."""
 
     def __init__(self, app: Celery, *, heartbeat_file: str | None = None) -> None:
         self.app = app
@@ -83,15 +99,7 @@ class ResumeConsumer(ConsumerMixin):
         reason = f"decision could not be processed: {type(exc).__name__}: {exc}"[:2000]
         self.rt.publisher.dead_letter(raw, reason, headers)
         parsed = parse_decision(raw, "application/json")
-        ids: dict[str, Any] = (
-            {
-                "decision_id": parsed.decision_id,
-                "snapshot_id": parsed.snapshot_id,
-                "reviewer": parsed.reviewer,
-            }
-            if isinstance(parsed, Decision)
-            else {}
-        )
+        ids = _ids(parsed) if isinstance(parsed, Decision) else {}
         self.rt.publisher.publish_event(
             DecisionRejected(**ids, error=ErrorInfo(status=Status.INTERNAL, message=reason))
         )
@@ -115,43 +123,112 @@ class ResumeConsumer(ConsumerMixin):
         return self._decide(parsed, raw)
 
     def _decide(self, decision: Decision, raw: bytes) -> EventBase:
-        prior = self.rt.decisions.get(decision.decision_id)
+        # One read transaction for the log and the snapshot: on PostgreSQL that saves a
+        # pool checkout (its pre-ping) and a BEGIN/ROLLBACK, and both come from one view.
+        store = self.rt.store
+        with store.reader().connect() as conn, conn.begin():
+            prior = self.rt.decisions.get(decision.decision_id, conn=conn)
+            snapshot = None if prior else store.get_snapshot_in(conn, decision.snapshot_id)
         if prior is not None:
-            self.rt.publisher.publish_raw_event(prior.event_type, prior.event_body)
-            return _event(prior.event_body)
-        ids = {
-            "snapshot_id": decision.snapshot_id,
-            "decision_id": decision.decision_id,
-            "reviewer": decision.reviewer,
-        }
-        session_id: str | None = None
+            return self._repeat(prior)
         try:
-            snapshot, request = evaluate(self.rt, decision)
+            request = evaluate(self.rt, decision, snapshot)
         except StatusError as exc:
-            known = self.rt.store.get_snapshot(decision.snapshot_id)
-            session_id = known.session_id if known is not None else None
-            event: EventBase = DecisionRejected(
-                **ids,
-                agent=known.agent if known is not None else None,
-                session_id=session_id,
-                error=exc.to_info(),
-            )
-        else:
-            session_id = snapshot.session_id
-            try:
-                self.app.send_task(RUN_TURN, args=[request.model_dump(mode="json")])
-            except Exception:
-                self.rt.store.release(snapshot.snapshot_id, decision.decision_id)
+            return self._reject(decision, raw, snapshot, exc)
+        assert snapshot is not None  # evaluate refuses a missing snapshot
+        return self._accept(decision, raw, snapshot, request)
+
+    def _accept(
+        self, decision: Decision, raw: bytes, snapshot: Snapshot, request: TurnRequest
+    ) -> EventBase:
+        """Claim the snapshot and record `decision.accepted` in one transaction, then
+        enqueue the resume, then publish. A crash (or a failing broker) after the commit
+        leaves the resume unsent: the decision is not acked, comes back, and `_repeat`
+        enqueues it then."""
+        event = DecisionAccepted(
+            **_ids(decision),
+            agent=snapshot.agent,
+            session_id=snapshot.session_id,
+            turn_id=request.turn_id,
+        )
+        decisions = self.rt.decisions
+        try:
+            with decisions.begin() as conn:
+                claimed = self.rt.store.claim_in(conn, snapshot.snapshot_id, decision.decision_id)
+                if claimed:
+                    decisions.record(
+                        decision_id=decision.decision_id,
+                        body=_text(raw),
+                        event=event,
+                        reviewer=decision.reviewer,
+                        session_id=snapshot.session_id,
+                        conn=conn,
+                    )
+        except IntegrityError:
+            # Another consumer recorded this decision_id first; our claim rolled back.
+            earlier = decisions.get(decision.decision_id)
+            if earlier is None:
                 raise
-            event = DecisionAccepted(
-                **ids,
-                agent=snapshot.agent,
-                session_id=snapshot.session_id,
-                turn_id=request.turn_id,
+            return self._repeat(earlier)
+        if not claimed:
+            already = StatusError(
+                Status.FAILED_PRECONDITION, f"snapshot {snapshot.snapshot_id} was already resumed"
             )
+            return self._reject(decision, raw, snapshot, already)
+        self._enqueue(request)
+        self.rt.publisher.publish_event(event)
+        return event
+
+    def _reject(
+        self, decision: Decision, raw: bytes, snapshot: Snapshot | None, exc: StatusError
+    ) -> EventBase:
+        """Record and publish `decision.rejected`; nothing was claimed."""
+        session_id = snapshot.session_id if snapshot is not None else None
+        event = DecisionRejected(
+            **_ids(decision),
+            agent=snapshot.agent if snapshot is not None else None,
+            session_id=session_id,
+            error=exc.to_info(),
+        )
         return self._record_and_publish(
             decision.decision_id, raw, event, decision.reviewer, session_id
         )
+
+    def _repeat(self, prior: DecisionRecord) -> EventBase:
+        """A decision_id seen before gets its first outcome again, not a second
+        evaluation. An accepted one has its resume enqueued again first: the delivery
+        that accepted it may have died, or failed to enqueue, after the commit. It is the
+        same turn (its id comes from the decision_id), and workers run a turn id once."""
+        if prior.outcome == "accepted":
+            self._enqueue_again(prior)
+        self.rt.publisher.publish_raw_event(prior.event_type, prior.event_body)
+        return _event(prior.event_body)
+
+    def _enqueue_again(self, prior: DecisionRecord) -> None:
+        decision = parse_decision(prior.body, "application/json")
+        if not isinstance(decision, Decision):
+            log.warning("accepted decision %s has an unreadable body", prior.decision_id)
+            return
+        snapshot = self.rt.store.get_snapshot(decision.snapshot_id)
+        if snapshot is None or snapshot.resumed_by != decision.decision_id:
+            # Its turn failed and released the snapshot (maybe a later decision took it):
+            # that turn has run, and must not run again.
+            log.info(
+                "decision %s: snapshot %s is gone or no longer claimed by it; "
+                "not enqueueing its resume again",
+                decision.decision_id,
+                decision.snapshot_id,
+            )
+            return
+        self._enqueue(resume_request(decision, snapshot))
+
+    def _enqueue(self, request: TurnRequest) -> None:
+        try:
+            self.app.send_task(RUN_TURN, args=[request.model_dump(mode="json")])
+        except Exception as exc:
+            # Whatever the error's type, retrying is the answer: the outcome is recorded,
+            # so dead-lettering (a second, different outcome) must not happen.
+            raise EnqueueError(f"enqueueing turn {request.turn_id} failed: {exc}") from exc
 
     def _record_and_publish(
         self,
@@ -163,16 +240,27 @@ class ResumeConsumer(ConsumerMixin):
     ) -> EventBase:
         earlier = self.rt.decisions.record(
             decision_id=decision_id,
-            body=raw.decode("utf-8", errors="replace"),
+            body=_text(raw),
             event=event,
             reviewer=reviewer,
             session_id=session_id,
         )
         if earlier is not None:  # another consumer decided it first: repeat its outcome
-            self.rt.publisher.publish_raw_event(earlier.event_type, earlier.event_body)
-            return _event(earlier.event_body)
+            return self._repeat(earlier)
         self.rt.publisher.publish_event(event)
         return event
+
+
+def _ids(decision: Decision) -> dict[str, Any]:
+    return {
+        "snapshot_id": decision.snapshot_id,
+        "decision_id": decision.decision_id,
+        "reviewer": decision.reviewer,
+    }
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace")
 
 
 def _event(body: str) -> EventBase:

@@ -1,4 +1,4 @@
-"""Reading a decision: parse it, check it against the stored snapshot, claim it."""
+"""Reading a decision: parse it, check it against the stored snapshot, build its turn."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from schemas import (
 
 from .runtime import Runtime
 
-__all__ = ["ParseFailure", "evaluate", "parse_decision", "to_tool_resume"]
+__all__ = ["ParseFailure", "evaluate", "parse_decision", "resume_request", "to_tool_resume"]
 
 _JSON_TYPES = {"", "application/json", "text/json", "text/plain", "application/octet-stream"}
 
@@ -135,10 +135,11 @@ def _restart_part(entry: RestartEntry, inputs: dict[str | None, Any]) -> Part:
     )
 
 
-def evaluate(rt: Runtime, decision: Decision) -> tuple[Snapshot, TurnRequest]:
-    """Rules 2-6: snapshot, token, status, parts, claim. Returns the resumed turn to run;
-    raises a `StatusError` naming the first rule broken."""
-    snapshot = rt.store.get_snapshot(decision.snapshot_id)
+def evaluate(rt: Runtime, decision: Decision, snapshot: Snapshot | None) -> TurnRequest:
+    """Rules 2-5 (snapshot, token, status, parts) against `snapshot`, the one the
+    decision names as the caller read it (None: there is none). Returns the resumed turn
+    to run; raises a `StatusError` naming the first rule broken. It writes nothing: the
+    claim (rule 6) is the caller's, in the transaction that records the outcome."""
     if snapshot is None:
         raise SnapshotNotFoundError(f"snapshot {decision.snapshot_id} not found")
     if not token_matches(decision.resume_token, snapshot.resume_token_hash):
@@ -150,11 +151,18 @@ def evaluate(rt: Runtime, decision: Decision) -> tuple[Snapshot, TurnRequest]:
     agent = rt.agent(snapshot.agent).with_store(_Preloaded(rt.store, snapshot))
     resume = to_tool_resume(decision, snapshot)
     agent.validate_resume(resume, snapshot_id=snapshot.snapshot_id, claimed_by=decision.decision_id)
-    if not rt.store.claim(snapshot.snapshot_id, decision.decision_id):
-        raise StatusError(
-            Status.FAILED_PRECONDITION, f"snapshot {snapshot.snapshot_id} was already resumed"
-        )
-    request = TurnRequest(
+    return _request(decision, snapshot, resume)
+
+
+def resume_request(decision: Decision, snapshot: Snapshot) -> TurnRequest:
+    """The resumed turn of an accepted `decision`, built again: equal to the one
+    `evaluate` returned, its turn id included (it comes from the decision id), so a
+    decision delivered again enqueues the very turn the first delivery did."""
+    return _request(decision, snapshot, to_tool_resume(decision, snapshot))
+
+
+def _request(decision: Decision, snapshot: Snapshot, resume: ToolResume) -> TurnRequest:
+    return TurnRequest(
         turn_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"interlock:decision:{decision.decision_id}")),
         agent=snapshot.agent,
         input=AgentInput(resume=resume).to_json(),
@@ -162,13 +170,12 @@ def evaluate(rt: Runtime, decision: Decision) -> tuple[Snapshot, TurnRequest]:
         claimed_by=decision.decision_id,
         decision_id=decision.decision_id,
     )
-    return snapshot, request
 
 
 class _Preloaded:
     """`store`, except that `get_snapshot` of the snapshot just read answers with it:
     validating a decision reads the snapshot once, not twice. Writes go to `store`
-    (validation makes none; the claim is made on `store` itself)."""
+    (validation makes none)."""
 
     def __init__(self, store: SessionStore, snapshot: Snapshot) -> None:
         self._store = store

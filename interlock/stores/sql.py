@@ -340,6 +340,11 @@ class SqlSessionStore:
         """The engine for write transactions (`BEGIN IMMEDIATE` on SQLite)."""
         return self._writer
 
+    def reader(self) -> Engine:
+        """The engine for reads: one consistent view per transaction (REPEATABLE READ on
+        PostgreSQL)."""
+        return self._reader
+
     def close(self) -> None:
         """Dispose the engine's pooled connections (only an engine the store created)."""
         if self._owns_engine:
@@ -361,6 +366,13 @@ class SqlSessionStore:
     def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
         found = self._load(_GET_SNAPSHOT, {"p_sid": snapshot_id})
         return found[0] if found else None
+
+    def get_snapshot_in(self, conn: Connection, snapshot_id: str) -> Snapshot | None:
+        """`get_snapshot` on the caller's connection (a transaction on `reader()`): reads
+        of other tables beside it share its connection, its round trips and its view."""
+        rows = conn.execute(_GET_SNAPSHOT, {"p_sid": snapshot_id}).mappings().all()
+        histories = _histories(conn, rows)
+        return _to_snapshot(rows[0], histories[snapshot_id]) if rows else None
 
     def find_turn(self, turn_id: str) -> Snapshot | None:
         """The snapshot the turn `turn_id` ended with (any status), or None while it
@@ -451,9 +463,14 @@ class SqlSessionStore:
         return want
 
     def claim(self, snapshot_id: str, by: str) -> bool:
-        params = {"p_sid": snapshot_id, "p_by": by, "p_now": _to_db(utcnow())}
         with self._writer.begin() as conn:
-            return conn.execute(_CLAIM, params).rowcount == 1
+            return self.claim_in(conn, snapshot_id, by)
+
+    def claim_in(self, conn: Connection, snapshot_id: str, by: str) -> bool:
+        """`claim`, inside the caller's write transaction `conn` (begun on `writer()`):
+        the claim commits or rolls back with whatever else the caller writes there."""
+        params = {"p_sid": snapshot_id, "p_by": by, "p_now": _to_db(utcnow())}
+        return conn.execute(_CLAIM, params).rowcount == 1
 
     def release(self, snapshot_id: str, by: str) -> None:
         params = {"p_sid": snapshot_id, "p_by": by, "p_now": _to_db(utcnow())}

@@ -1,0 +1,362 @@
+"""The resume consumer's accepting path, in process, on real stores (SQLite and
+PostgreSQL) and a real Redis: the claim and the `decision.accepted` record commit in one
+transaction; the resume is enqueued after that commit, and a decision seen again whose
+outcome was `accepted` has its resume enqueued again (the same turn) before the outcome
+is republished. So a crash or a failing broker between the commit and the enqueue loses
+nothing: the decision is not acked, comes back, and its turn is enqueued then.
+
+Every test drives `ResumeConsumer.handle` (or `on_message`, with a message read from the
+real decisions queue), then reads what is really there: the rows in the database, the
+tasks in `interlock.turns`, the outcome events on a queue bound to `decision.#`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kombu.connection import Connection
+from services import free_port
+from sqlalchemy import event as sqla_event
+from sqlalchemy import text
+from sqlalchemy.engine import Connection as DbConnection
+from sqlalchemy.exc import OperationalError
+
+from events.decision_log import DecisionLog
+from events.topology import DECISIONS, TURNS_QUEUE, event_queue
+from examples.banking import ai
+from schemas import EventBase, event_adapter
+from workers.app import RUN_TURN, create_app, runtime_of
+from workers.consumer import ResumeConsumer
+from workers.settings import Settings
+
+AGENT = "bankingAgent"
+TIMEOUT = 30.0
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+class Rig:
+    """Consumers on one store and one broker, interrupted turns to decide, and what the
+    consumers left behind: tasks in `interlock.turns`, outcome events, database rows."""
+
+    def __init__(self, broker_url: str, store_url: str) -> None:
+        self.settings = Settings(broker_url=broker_url, store_url=store_url)
+        self.consumers: list[ResumeConsumer] = []
+        self.conn = Connection(broker_url)
+        self.turns = self.conn.SimpleQueue(TURNS_QUEUE)
+        self.decisions = self.conn.SimpleQueue(DECISIONS)
+        self.turns.clear()
+        self.decisions.clear()
+        pattern = event_queue(f"test.outcomes.{uuid.uuid4()}", "decision.#")
+        self.outcomes = self.conn.SimpleQueue(pattern)
+        self.rt = runtime_of(self.consumer().app)
+
+    def consumer(self, cls: type[ResumeConsumer] = ResumeConsumer) -> ResumeConsumer:
+        consumer = cls(create_app(self.settings, ai))
+        self.consumers.append(consumer)
+        return consumer
+
+    def paused(self, amount: int) -> dict[str, Any]:
+        """A new interrupted turn; returns a decision approving it, as a dashboard sends."""
+        out = self.rt.agent(AGENT).run_text(f"Transfer ${amount} to savings")
+        [event] = [
+            json.loads(body)
+            for _, key, body in self.rt.outbox.unsent()
+            if key == "turn.interrupted" and json.loads(body)["snapshot_id"] == out.snapshot_id
+        ]
+        return {
+            "schema_version": 1,
+            "decision_id": str(uuid.uuid4()),
+            "snapshot_id": out.snapshot_id,
+            "resume_token": event["resume_token"],
+            "reviewer": "alice@example.com",
+            "restart": [
+                {"name": i["name"], "ref": i["ref"], "resumed": {"approved": True}}
+                for i in event["interrupts"]
+            ],
+        }
+
+    def enqueued(self) -> list[dict[str, Any]]:
+        """The `run_turn` requests sent since the last call (taken off the queue)."""
+        requests = []
+        for message in _drain(self.turns):
+            assert message.headers["task"] == RUN_TURN
+            args, _kwargs, _embed = message.decode()
+            requests.append(args[0])
+        return requests
+
+    def published(self) -> list[EventBase]:
+        """The outcome events published since the last call."""
+        return [event_adapter.validate_json(m.body) for m in _drain(self.outcomes)]
+
+    def claimed_by(self, snapshot_id: str) -> str | None:
+        snapshot = self.rt.store.get_snapshot(snapshot_id)
+        assert snapshot is not None
+        return snapshot.resumed_by
+
+    def rows(self, decision_id: str) -> list[Any]:
+        with self.rt.store.engine.connect() as conn:
+            return conn.execute(
+                text("SELECT outcome, event_body FROM interlock_decision WHERE decision_id = :d"),
+                {"d": decision_id},
+            ).all()
+
+    def close(self) -> None:
+        self.outcomes.consumer.queues[0].delete()
+        for simple in (self.outcomes, self.turns, self.decisions):
+            simple.close()
+        self.conn.release()
+        for consumer in self.consumers:
+            consumer.rt.close()
+            consumer.connection.release()
+
+
+def _drain(simple: Any) -> list[Any]:
+    messages = []
+    while True:
+        try:
+            message = simple.get_nowait()
+        except simple.Empty:
+            return messages
+        message.ack()
+        messages.append(message)
+
+
+@pytest.fixture
+def rig(redis_url: str, store_url: str) -> Iterator[Rig]:
+    with contextlib.closing(Rig(redis_url, store_url)) as made:
+        yield made
+
+
+def raw(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
+# ------------------------------------------------------------------ one transaction
+
+
+class _DatabaseFailsAfterTheClaim(DecisionLog):
+    """A decision log whose database fails on the record written in a caller's
+    transaction, after checking that the claim was made in that same transaction."""
+
+    def record(self, **kw: Any) -> Any:
+        conn: DbConnection | None = kw.get("conn")
+        if conn is None:
+            return super().record(**kw)
+        claim = text("SELECT resumed_by FROM interlock_snapshot WHERE snapshot_id = :s")
+        assert conn.execute(claim, {"s": kw["event"].snapshot_id}).scalar() == kw["decision_id"]
+        raise OperationalError("INSERT INTO interlock_decision", {}, OSError("disk I/O error"))
+
+
+def test_claim_and_accepted_record_commit_together(rig: Rig) -> None:
+    """A failure between the claim and the record leaves neither: the snapshot is not
+    claimed, nothing is recorded, enqueued or published. The decision, delivered again,
+    is then accepted as if for the first time."""
+    body = rig.paused(5)
+    broken = rig.consumer()
+    broken.rt.__dict__["decisions"] = _DatabaseFailsAfterTheClaim(broken.rt.store)
+    with pytest.raises(OperationalError, match="disk I/O error"):
+        broken.handle(raw(body), "application/json", {})
+    assert rig.claimed_by(body["snapshot_id"]) is None
+    assert rig.rows(body["decision_id"]) == []
+    assert rig.enqueued() == []
+    assert rig.published() == []
+
+    event = rig.consumer().handle(raw(body), "application/json", {})
+    assert event.type == "decision.accepted", event.model_dump_json()
+    assert rig.claimed_by(body["snapshot_id"]) == body["decision_id"]
+    assert [row.outcome for row in rig.rows(body["decision_id"])] == ["accepted"]
+    [request] = rig.enqueued()
+    assert request["claimed_by"] == request["decision_id"] == body["decision_id"]
+    assert [e.model_dump() for e in rig.published()] == [event.model_dump()]
+
+
+def test_rejected_decision_claims_nothing(rig: Rig) -> None:
+    """A decision that breaks a rule is recorded as rejected and claims nothing; the
+    snapshot it named is then accepted for another decision."""
+    body = rig.paused(6)
+    wrong = {**body, "decision_id": str(uuid.uuid4()), "resume_token": "not-the-token"}
+    consumer = rig.consumer()
+    event = consumer.handle(raw(wrong), "application/json", {})
+    assert event.type == "decision.rejected", event.model_dump_json()
+    assert event.model_dump()["error"]["status"] == "PERMISSION_DENIED"
+    assert event.model_dump()["session_id"] is not None  # from the one snapshot read
+    assert rig.claimed_by(body["snapshot_id"]) is None
+    assert [row.outcome for row in rig.rows(wrong["decision_id"])] == ["rejected"]
+    assert rig.enqueued() == []
+    assert consumer.handle(raw(body), "application/json", {}).type == "decision.accepted"
+
+
+def test_claim_lost_to_another_decision_is_rejected_and_recorded(rig: Rig) -> None:
+    """Two decisions for one snapshot: the second fails the claim (rule 6). It is
+    recorded as rejected, in a transaction of its own, and the first keeps the claim."""
+    first = rig.paused(7)
+    second = {**first, "decision_id": str(uuid.uuid4())}
+    consumer = rig.consumer()
+    assert consumer.handle(raw(first), "application/json", {}).type == "decision.accepted"
+    rig.enqueued()
+    event = consumer.handle(raw(second), "application/json", {})
+    wire = event.model_dump(mode="json")
+    assert event.type == "decision.rejected", wire
+    assert wire["error"]["status"] == "FAILED_PRECONDITION", wire
+    assert "already resumed" in wire["error"]["message"], wire
+    assert rig.claimed_by(first["snapshot_id"]) == first["decision_id"]
+    assert [row.outcome for row in rig.rows(second["decision_id"])] == ["rejected"]
+    assert rig.enqueued() == []
+
+
+def test_a_decision_costs_one_read_and_one_write_transaction(rig: Rig) -> None:
+    """Accepted or rejected, a new decision is read in one transaction (its log entry
+    and its snapshot, read once) and written in one (claim and record, or the record)."""
+    consumer = rig.consumer()
+    answers_nothing = {**rig.paused(12), "restart": []}  # rule 5: the agent is loaded
+    consumer.handle(raw(answers_nothing), "application/json", {})  # and its tables made
+    kinds: list[str] = []
+
+    def on_begin(conn: DbConnection) -> None:
+        write = conn.get_execution_options().get("interlock_write", False)
+        kinds.append("write" if write else "read")
+
+    sqla_event.listen(consumer.rt.store.engine, "begin", on_begin)
+    accepted = rig.paused(13)
+    wrong = {**rig.paused(14), "resume_token": "not-the-token"}
+    for body, outcome in ((accepted, "decision.accepted"), (wrong, "decision.rejected")):
+        kinds.clear()
+        assert consumer.handle(raw(body), "application/json", {}).type == outcome
+        assert kinds == ["read", "write"], (outcome, kinds)
+
+
+# ------------------------------------------------------------------ seen again
+
+
+def test_redelivered_accepted_decision_enqueues_the_same_turn_again(rig: Rig) -> None:
+    """A decision whose outcome was `accepted`, delivered again: the very turn request
+    of the first delivery is enqueued again (same turn id: workers run it once), and the
+    first outcome event is published again. Once the turn has failed and released the
+    snapshot, nothing is enqueued any more: only the outcome goes out again."""
+    body = rig.paused(8)
+    consumer = rig.consumer()
+    first = consumer.handle(raw(body), "application/json", {})
+    assert first.type == "decision.accepted", first.model_dump_json()
+    [request] = rig.enqueued()
+    assert request["turn_id"] == str(
+        uuid.uuid5(uuid.NAMESPACE_URL, f"interlock:decision:{body['decision_id']}")
+    )
+    assert [e.model_dump() for e in rig.published()] == [first.model_dump()]
+
+    for again in (consumer, rig.consumer()):  # the same process, or another one
+        repeated = again.handle(raw(body), "application/json", {})
+        assert repeated.model_dump() == first.model_dump()
+        assert rig.enqueued() == [request]
+        assert [e.model_dump() for e in rig.published()] == [first.model_dump()]
+    assert len(rig.rows(body["decision_id"])) == 1
+
+    rig.rt.store.release(body["snapshot_id"], body["decision_id"])  # as a failed turn does
+    assert consumer.handle(raw(body), "application/json", {}).model_dump() == first.model_dump()
+    assert rig.enqueued() == []
+    assert [e.model_dump() for e in rig.published()] == [first.model_dump()]
+
+
+def test_send_task_failure_keeps_the_claim_and_the_retry_enqueues(rig: Rig) -> None:
+    """The broker refuses the resume (nothing listens where the consumer sends tasks).
+    The claim and the record stay; the decision is requeued, not acked, and no outcome
+    goes out. Its next delivery, to a consumer that can send, enqueues the resume,
+    publishes `decision.accepted` and acks."""
+    body = rig.paused(9)
+    failing = rig.consumer()
+    failing.app.conf.broker_write_url = f"redis://127.0.0.1:{free_port()}/0"
+    healthy = rig.consumer()
+    rig.rt.publisher.publish_decision(body)
+
+    failing.on_message(rig.decisions.get(timeout=TIMEOUT))
+    assert failing.handled == 0  # requeued, not acked
+    assert rig.claimed_by(body["snapshot_id"]) == body["decision_id"]
+    [row] = rig.rows(body["decision_id"])
+    assert row.outcome == "accepted"
+    assert rig.enqueued() == []
+    assert rig.published() == []
+
+    message = rig.decisions.get(timeout=TIMEOUT)  # the same decision, back on the queue
+    assert json.loads(message.body)["decision_id"] == body["decision_id"]
+    healthy.on_message(message)
+    assert healthy.handled == 1
+    [request] = rig.enqueued()
+    assert request["decision_id"] == body["decision_id"]
+    assert request["snapshot_id"] == body["snapshot_id"]
+    [event] = rig.published()
+    assert event.model_dump_json() == row.event_body
+    with pytest.raises(rig.decisions.Empty):  # acked: gone for good
+        rig.decisions.get(timeout=1)
+
+
+# ------------------------------------------------------------------ two consumers
+
+
+class _Gated(ResumeConsumer):
+    """Evaluates, then waits for the other consumer before claiming and recording."""
+
+    gate: threading.Barrier
+
+    def _accept(self, *args: Any) -> EventBase:
+        self.gate.wait(TIMEOUT)
+        return super()._accept(*args)
+
+
+@pytest.mark.parametrize("second", ["same body", "another snapshot"])
+def test_two_consumers_racing_on_one_decision_id_publish_one_outcome(rig: Rig, second: str) -> None:
+    """The same decision_id, handled by two consumers at once; both evaluate it as new,
+    then claim and record at the same moment. One wins; the other's transaction rolls
+    back (its claim too: with "another snapshot", that snapshot stays unclaimed) and it
+    publishes the winner's outcome. One outcome event (by id), one row, one claim."""
+    one = rig.paused(10)
+    two = one if second == "same body" else {**rig.paused(11), "decision_id": one["decision_id"]}
+    gate = threading.Barrier(2)
+    consumers = [rig.consumer(_Gated), rig.consumer(_Gated)]
+    results: dict[int, EventBase | BaseException] = {}
+
+    def run(i: int, body: dict[str, Any]) -> None:
+        consumer = consumers[i]
+        assert isinstance(consumer, _Gated)
+        consumer.gate = gate
+        try:
+            results[i] = consumer.handle(raw(body), "application/json", {})
+        except BaseException as exc:  # reported below
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i, b)) for i, b in enumerate((one, two))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT)
+    events = [r for r in results.values() if isinstance(r, EventBase)]
+    assert len(events) == 2, results
+    winner = events[0]
+    assert events[1].model_dump() == winner.model_dump()  # the same event, its id included
+    assert winner.type == "decision.accepted", winner.model_dump_json()
+    published = rig.published()
+    assert len(published) == 2
+    assert {e.model_dump_json() for e in published} == {winner.model_dump_json()}
+    [row] = rig.rows(one["decision_id"])
+    assert row.event_body == winner.model_dump_json()
+
+    snapshots = {one["snapshot_id"], two["snapshot_id"]}
+    assert rig.claimed_by(str(winner.snapshot_id)) == one["decision_id"]
+    for loser in snapshots - {winner.snapshot_id}:
+        assert rig.claimed_by(loser) is None
+    requests = rig.enqueued()
+    assert 1 <= len(requests) <= 2  # the loser may enqueue the winner's turn again
+    assert all(r == requests[0] for r in requests)
+    assert requests[0]["snapshot_id"] == winner.snapshot_id
