@@ -3,12 +3,17 @@ relay publishes it and marks it sent. Unsent rows go out again at start-up and
 periodically, so a process dying between the two loses nothing (duplicates are
 harmless: events carry ids).
 
-A relay publishes the rows its own process wrote as soon as it flushes (found by their
-event ids: a row whose transaction rolled back is simply not there). Rows of other
-processes it sweeps only once they are `SWEEP_GRACE` seconds old, and at most once per
-`SWEEP_INTERVAL`: a live process publishes its own rows within milliseconds, so the
-sweep takes what a dead (or stuck) one left instead of racing the live ones and
-publishing their events twice.
+A process publishes the rows it wrote itself from memory: `add` keeps what the event
+needs beside the row, and the outbox takes it as publishable only once the row's
+transaction has committed (SQLAlchemy's events tell; a rolled-back row is dropped and
+never published). Published rows are marked sent (and their resume tokens erased) in
+one transaction for many rows, a fraction of a second later (`MARK_DELAY`), by a
+thread of the process, so the turn path pays no read and no write for them.
+
+Rows of other processes a relay sweeps only once they are `SWEEP_GRACE` seconds old,
+and at most once per `SWEEP_INTERVAL`: a live process publishes its own rows within
+milliseconds and marks them well within the grace, so the sweep takes what a dead (or
+stuck) one left instead of racing the live ones and publishing their events twice.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -31,11 +36,13 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
+    event,
     insert,
     select,
     update,
 )
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, ExceptionContext
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from interlock import SqlSessionStore
 from schemas import EventBase, Snapshot, utcnow
@@ -44,6 +51,7 @@ from .publisher import Publisher
 from .snapshot_events import event_for_snapshot
 
 __all__ = [
+    "MARK_DELAY",
     "SWEEP_GRACE",
     "SWEEP_INTERVAL",
     "Outbox",
@@ -79,11 +87,6 @@ _UNSENT_BEFORE = (
     .order_by(_OUT.id)
     .limit(bindparam("p_limit"))
 )
-_MINE = (
-    select(_OUT.id, _OUT.routing_key, _OUT.body, _OUT.event_id, _OUT.sent_at)
-    .where(_OUT.event_id.in_(bindparam("p_ids", expanding=True)))
-    .order_by(_OUT.id)
-)
 _MARK_SENT = (
     update(outbox_table)
     .where(_OUT.id == bindparam("p_id"))
@@ -92,31 +95,53 @@ _MARK_SENT = (
 
 SWEEP_GRACE = 2.0
 """Seconds a row stays its writer's to publish before another process's sweep takes it
-(a live writer publishes within milliseconds of its commit). Clocks of the machines
-sharing a store should agree to well within this."""
+(a live writer publishes within milliseconds of its commit, and marks the row sent
+within `MARK_DELAY`). Clocks of the machines sharing a store should agree to well
+within this."""
 
 SWEEP_INTERVAL = 1.0
 """A relay's `flush()` sweeps the whole table at most this often (its own rows go out
 on every flush)."""
 
-_FORGET_AFTER = 60.0
-"""Seconds after which a row written here but never seen committed is left to sweeps."""
+MARK_DELAY = 0.3
+"""Seconds a published row waits to be marked sent, so that one transaction marks the
+rows of many events. Must stay well below `SWEEP_GRACE`."""
 
 _MAX_MINE = 10_000
-"""At most this many ids of rows written here are remembered (older ones: sweeps)."""
+"""At most this many committed rows written here wait in memory to be published (older
+ones are left to sweeps)."""
+
+Row = tuple[int, str, str]
+"""An outbox row to publish: (id, routing key, body)."""
 
 
 class Outbox:
     """The outbox table beside a `SqlSessionStore`; every snapshot the store saves for
-    the first time gets its event written in the same transaction."""
+    the first time gets its event written in the same transaction.
 
-    def __init__(self, store: SqlSessionStore) -> None:
+    Rows written here wait in memory, once committed, to be published (`mine()`); the
+    relay reports what went out (`published()`), and a thread started on first use
+    marks those rows sent in batches (`flush_marks()`; `close()` marks what is left).
+    """
+
+    def __init__(self, store: SqlSessionStore, *, mark_delay: float = MARK_DELAY) -> None:
         self.store = store
         self.engine = store.engine
+        self.mark_delay = mark_delay
         store.create_all(outbox_metadata)
         store.add_save_hook(self._on_save)
-        self._mine: dict[str, float] = {}  # event ids this process wrote, not yet published
-        self._mine_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the two dicts below; never held over I/O
+        self._mine: dict[int, tuple[str, str]] = {}  # committed here, not yet published
+        self._to_mark: dict[int, str] = {}  # published, not yet marked: id -> body
+        self._marking = threading.Lock()  # one `flush_marks` at a time
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._marker: threading.Thread | None = None
+        # Per-connection keys (in the pooled connection's `info`) of the rows written
+        # in its open transaction, and of those whose COMMIT is under way.
+        self._staged: object = object()
+        self._committing: object = object()
+        self._watch_commits()
 
     def _on_save(self, conn: Connection, snapshot: Snapshot, created: bool) -> None:
         if not created:
@@ -126,61 +151,179 @@ class Outbox:
             self.add(conn, event)
 
     def add(self, conn: Connection, event: EventBase) -> None:
-        """Write `event` as an unsent row, inside the caller's transaction."""
-        conn.execute(
+        """Write `event` as an unsent row, inside the caller's transaction: this process
+        publishes it once that transaction has committed."""
+        body = event.model_dump_json()
+        result = conn.execute(
             _INSERT,
             {
                 "event_id": event.event_id,
                 "routing_key": event.type,
-                "body": event.model_dump_json(),
+                "body": body,
                 "created_at": utcnow(),
             },
         )
-        with self._mine_lock:
-            self._mine[event.event_id] = time.monotonic()
-            if len(self._mine) > _MAX_MINE:
-                del self._mine[next(iter(self._mine))]
+        key = result.inserted_primary_key
+        if key is None:  # pragma: no cover - every dialect we support returns it
+            raise RuntimeError("the outbox row's id was not returned")
+        conn.info.setdefault(self._staged, []).append((int(key[0]), event.type, body))
 
     def add_now(self, event: EventBase) -> None:
         """Write `event` in a transaction of its own."""
         with self.store.writer().begin() as conn:
             self.add(conn, event)
 
-    def unsent(self, limit: int = 500) -> list[tuple[int, str, str]]:
+    # -------------------------------------------------------- reading the table
+
+    def unsent(self, limit: int = 500) -> list[Row]:
         with self.engine.connect() as conn:
             rows = conn.execute(_UNSENT, {"p_limit": limit}).all()
         return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
-    def unsent_before(self, age: float, limit: int = 500) -> list[tuple[int, str, str]]:
+    def unsent_before(self, age: float, limit: int = 500) -> list[Row]:
         """Unsent rows written at least `age` seconds ago, oldest first."""
         before = utcnow() - timedelta(seconds=age)
         with self.engine.connect() as conn:
             rows = conn.execute(_UNSENT_BEFORE, {"p_before": before, "p_limit": limit}).all()
         return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
-    def unsent_mine(self) -> list[tuple[int, str, str, str]]:
-        """The unsent rows this process wrote, once their transactions committed, oldest
-        first, as (id, routing key, body, event id): `forget` them once published. An id
-        not found (its transaction rolled back, or is still open in another thread) is
-        looked for again at the next call, for a while, then left to sweeps."""
-        with self._mine_lock:
-            if not self._mine:
-                return []
-            ids = list(self._mine)
-        with self.engine.connect() as conn:
-            rows = conn.execute(_MINE, {"p_ids": ids}).all()
-        found = {str(r[3]) for r in rows}
-        unsent = [(int(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows if r[4] is None]
-        now = time.monotonic()
-        gone = [i for i in ids if i not in found and now - self._mine.get(i, now) > _FORGET_AFTER]
-        self.forget([*(str(r[3]) for r in rows if r[4] is not None), *gone])
-        return unsent
+    def leftovers(self, age: float, limit: int = 500) -> list[Row]:
+        """`unsent_before(age)`, without the rows this process is about to publish or
+        to mark itself (they are not left over)."""
+        with self._lock:  # before the query: a row marked meanwhile is not in its result
+            known = self._mine.keys() | self._to_mark.keys()
+        return [r for r in self.unsent_before(age, limit) if r[0] not in known]
 
-    def forget(self, event_ids: Iterable[str]) -> None:
-        """Stop tracking these rows written here (published, or left to sweeps)."""
-        with self._mine_lock:
-            for event_id in event_ids:
-                self._mine.pop(event_id, None)
+    # ------------------------------------------------------------ own rows
+
+    def mine(self) -> list[Row]:
+        """The committed rows written here that are not published yet, oldest first."""
+        with self._lock:
+            return [(row_id, key, body) for row_id, (key, body) in self._mine.items()]
+
+    def published(self, rows: Sequence[Row]) -> None:
+        """These rows went out: mark them sent within `mark_delay` seconds."""
+        if not rows:
+            return
+        with self._lock:
+            for row_id, _key, body in rows:
+                self._mine.pop(row_id, None)
+                self._to_mark[row_id] = body
+            if self._marker is None or not self._marker.is_alive():
+                # Started on first use: in a prefork child, after the fork.
+                self._marker = threading.Thread(
+                    target=self._mark_loop, name="interlock-outbox-marks", daemon=True
+                )
+                self._marker.start()
+        self._wake.set()
+
+    def flush_marks(self) -> int:
+        """Mark every published row sent now, in one transaction. Returns how many."""
+        with self._marking:
+            with self._lock:
+                rows = list(self._to_mark.items())
+            self.mark_sent_many(rows)
+            with self._lock:
+                for row_id, _body in rows:
+                    self._to_mark.pop(row_id, None)
+        return len(rows)
+
+    def close(self) -> None:
+        """Stop the marking thread and mark what was published (a later use starts the
+        thread again). Rows it fails to mark are left to sweeps."""
+        self._stop.set()
+        self._wake.set()
+        marker = self._marker
+        if marker is not None and marker is not threading.current_thread():
+            marker.join(timeout=10)
+        self._stop.clear()
+        try:
+            self.flush_marks()
+        except Exception:
+            log.exception("marking outbox rows sent failed; sweeps will publish them again")
+
+    def _mark_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            if self._stop.wait(self.mark_delay):
+                return
+            self._wake.clear()
+            try:
+                self.flush_marks()
+            except Exception:
+                log.exception("marking outbox rows sent failed; trying again")
+                self._wake.set()
+
+    def _committed(self, rows: Sequence[Row]) -> None:
+        with self._lock:
+            for row_id, key, body in rows:
+                self._mine[row_id] = (key, body)
+            while len(self._mine) > _MAX_MINE:
+                del self._mine[next(iter(self._mine))]
+
+    def _watch_commits(self) -> None:
+        """Hand the rows `add` staged on a connection to the outbox once their transaction
+        has committed, and drop them when it has not.
+
+        SQLAlchemy's `commit` event fires *before* the COMMIT runs, so it only sets the
+        staged rows aside. A COMMIT that fails raises through `handle_error`, which drops
+        them; one that succeeds is followed by the connection's return to the pool or by
+        its next transaction, either of which hands them over. A rollback (of the
+        transaction) or an invalidated connection drops them: they are not in the table,
+        and their events never go out.
+        """
+        staged, committing = self._staged, self._committing
+
+        def hand_over(info: dict[Any, Any]) -> None:
+            rows = info.pop(committing, None)
+            if rows:
+                self._committed(rows)
+
+        def usable(conn: Connection) -> bool:
+            return not (conn.closed or conn.invalidated)
+
+        def on_begin(conn: Connection) -> None:
+            hand_over(conn.info)  # the previous transaction's COMMIT returned
+
+        def on_commit(conn: Connection) -> None:
+            info = conn.info
+            rows = info.pop(staged, None)
+            if rows:
+                info.setdefault(committing, []).extend(rows)
+
+        def on_rollback(conn: Connection) -> None:
+            if usable(conn):
+                conn.info.pop(staged, None)
+
+        def on_error(context: ExceptionContext) -> None:
+            conn = context.connection
+            if conn is not None and usable(conn):
+                conn.info.pop(committing, None)  # the COMMIT failed
+
+        def on_rollback_savepoint(conn: Connection, _name: str | None, _context: Any) -> None:
+            # Which of the staged rows the savepoint took back is not known here: drop them
+            # all. Those that do commit are left to the sweeps (published after the grace).
+            if usable(conn):
+                conn.info.pop(staged, None)
+
+        def on_checkin(_dbapi_conn: Any, record: ConnectionPoolEntry) -> None:
+            record.info.pop(staged, None)  # never committed: the pool rolls it back
+            hand_over(record.info)
+
+        def on_invalidate(_dbapi_conn: Any, record: ConnectionPoolEntry, _exc: Any) -> None:
+            record.info.pop(staged, None)
+            record.info.pop(committing, None)
+
+        engine = self.engine
+        event.listen(engine, "begin", on_begin)
+        event.listen(engine, "commit", on_commit)
+        event.listen(engine, "rollback", on_rollback)
+        event.listen(engine, "handle_error", on_error)
+        event.listen(engine, "rollback_savepoint", on_rollback_savepoint)
+        event.listen(engine, "checkin", on_checkin)
+        event.listen(engine, "invalidate", on_invalidate)
+
+    # ------------------------------------------------------------ marking
 
     def mark_sent(self, row_id: int, body: str) -> None:
         """Mark a row sent, erasing the plaintext resume token from it."""
@@ -207,8 +350,8 @@ def _erase_token(body: str) -> str:
 
 
 class OutboxRelay:
-    """Publishes unsent outbox rows in order (`flush()`; the resume consumer's
-    maintenance calls it periodically)."""
+    """Publishes unsent outbox rows in order (`flush()`; the worker calls it after each
+    turn, the resume consumer's maintenance periodically)."""
 
     def __init__(
         self,
@@ -226,31 +369,27 @@ class OutboxRelay:
         self._lock = threading.Lock()
 
     def flush(self, limit: int = 500) -> int:
-        """Publish the rows this process wrote; then, at most once per `sweep_interval`,
-        every other unsent row at least `sweep_grace` seconds old (what a process that
-        died before publishing left). Returns how many rows went out."""
+        """Publish the committed rows this process wrote (from memory: no query); then,
+        at most once per `sweep_interval`, every other unsent row at least
+        `sweep_grace` seconds old (what a process that died before publishing, or
+        before marking, left). Returns how many rows went out."""
         with self._lock:
-            mine = self.outbox.unsent_mine()
-            sent = self._publish([row[:3] for row in mine], [row[3] for row in mine])
+            sent = self._publish(self.outbox.mine())
             now = time.monotonic()
             if self._swept_at is None or now - self._swept_at >= self.sweep_interval:
                 self._swept_at = now
-                sent += self._publish(self.outbox.unsent_before(self.sweep_grace, limit))
+                sent += self._publish(self.outbox.leftovers(self.sweep_grace, limit))
         return sent
 
-    def _publish(
-        self, rows: Sequence[tuple[int, str, str]], event_ids: Sequence[str] | None = None
-    ) -> int:
-        """Publish `rows` in order; mark those that went out sent, also when a later one
-        fails (and stop tracking them: what did not go out stays this process's to
-        retry at its next flush)."""
+    def _publish(self, rows: Sequence[Row]) -> int:
+        """Publish `rows` in order; those that went out are marked sent soon, also when
+        a later one fails (what did not go out stays this process's to retry at its
+        next flush, and other processes' sweeps take it after the grace)."""
         done = 0
         try:
             for _row_id, routing_key, body in rows:
                 self.publisher.publish_raw_event(routing_key, body)
                 done += 1
         finally:
-            self.outbox.mark_sent_many([(row[0], row[2]) for row in rows[:done]])
-            if event_ids is not None:
-                self.outbox.forget(event_ids[:done])
+            self.outbox.published(rows[:done])
         return done

@@ -8,6 +8,7 @@ test is skipped locally, and fails when `CI` is set (never a silent skip in CI).
   `redis_url` fixture in conftest.py, not here.
 - `pg_admin_url() -> str`, `create_pg_database(admin_url) -> str`,
   `drop_pg_database(admin_url, url)`; `INTERLOCK_TEST_PG_URL` is the admin URL.
+- `eventually(found, what, timeout)`: poll until a service's state is as expected.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import psycopg
 import pytest
@@ -35,6 +36,7 @@ __all__ = [
     "RedisServer",
     "create_pg_database",
     "drop_pg_database",
+    "eventually",
     "free_port",
     "in_ci",
     "pg_admin_url",
@@ -53,6 +55,24 @@ def service_unavailable(message: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"{message} (CI is set: a missing service is a failure)", pytrace=False)
     pytest.skip(message)
+
+
+T = TypeVar("T")
+
+
+def eventually(
+    found: Callable[[], T], what: str, timeout: float = 10.0, *, every: float = 0.05
+) -> T:
+    """The first truthy result of `found()`, polled `every` seconds; fails after
+    `timeout` seconds (a wait, never a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = found()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:.0f}s")
+        time.sleep(every)
 
 
 def free_port() -> int:

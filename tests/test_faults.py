@@ -58,7 +58,7 @@ from queue_helpers import (
     report_logs_on_failure,
     run_cli,
 )
-from services import RedisServer, create_pg_database, drop_pg_database, start_redis
+from services import RedisServer, create_pg_database, drop_pg_database, eventually, start_redis
 
 from events.publisher import Publisher
 from events.stream import EventStream
@@ -445,14 +445,7 @@ class Ledger:
         return int(self.value("SELECT count(*) FROM interlock_outbox WHERE sent_at IS NULL"))
 
     def wait(self, found: Callable[[], T], what: str, timeout: float = HOP) -> T:
-        deadline = time.monotonic() + timeout
-        while True:
-            result = found()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} within {timeout:.0f}s")
-            time.sleep(0.05)
+        return eventually(found, what, timeout)
 
 
 @pytest.fixture

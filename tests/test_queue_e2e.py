@@ -30,6 +30,7 @@ from queue_helpers import (
     rabbitmq_vhost,
     stream_queue,
 )
+from services import eventually
 from sqlalchemy import create_engine, text
 
 from schemas import DecisionRejected, ErrorInfo, Status, TurnExpired
@@ -144,8 +145,18 @@ def test_happy_path_submit_interrupt_decide_complete(stack: QueueStack, dash: Da
     assert completed.turn_id == accepted.turn_id  # the resumed turn is the accepted one
     assert completed.snapshot_id != body["snapshot_id"]
 
-    # the token is kept only as a hash, and erased from the outbox once published
+    # the token is kept only as a hash, and erased from the outbox once published (the
+    # worker marks published rows sent in batches, a fraction of a second later)
     engine = create_engine(stack.store_url)
+
+    def outbox_row_once_sent() -> Any:
+        with engine.connect() as conn:
+            return conn.execute(
+                text("SELECT body, sent_at FROM interlock_outbox"
+                     " WHERE event_id = :e AND sent_at IS NOT NULL"),
+                {"e": body["event_id"]},
+            ).first()  # fmt: skip
+
     try:
         with engine.connect() as conn:
             stored = conn.execute(
@@ -153,15 +164,11 @@ def test_happy_path_submit_interrupt_decide_complete(stack: QueueStack, dash: Da
                      " WHERE snapshot_id = :s"),
                 {"s": body["snapshot_id"]},
             ).one()  # fmt: skip
-            outbox = conn.execute(
-                text("SELECT body, sent_at FROM interlock_outbox WHERE event_id = :e"),
-                {"e": body["event_id"]},
-            ).one()
+        outbox = eventually(outbox_row_once_sent, "outbox row marked sent")
     finally:
         engine.dispose()
     assert stored.resume_token_hash == hashlib.sha256(token.encode()).hexdigest()
     assert stored.resumed_by == decision_id
-    assert outbox.sent_at is not None
     assert json.loads(outbox.body)["resume_token"] is None
     assert token not in outbox.body
 

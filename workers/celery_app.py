@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
-from .app import create_app
+from typing import Any
+
+from celery.signals import worker_process_shutdown, worker_shutdown
+
+from .app import create_app, runtime_of
 from .settings import Settings
 
 app = create_app(Settings.from_env())
+
+
+def _close_runtime(**_: Any) -> None:
+    """A stopping worker process marks the events it published sent (and lets go of
+    its connections): else the sweeps of others would publish them again."""
+    runtime_of(app).close()
+
+
+# In each prefork child as it exits, and in the main process (the solo and threads
+# pools run turns there; a prefork parent has built nothing, and closes nothing).
+worker_process_shutdown.connect(_close_runtime, weak=False)
+worker_shutdown.connect(_close_runtime, weak=False)

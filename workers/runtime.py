@@ -77,6 +77,8 @@ class Runtime:
         if "relay" in self.__dict__:
             self.relay.publisher.close()
             self.relay.publisher.connection.release()
+        if "outbox" in self.__dict__:
+            self.outbox.close()  # mark what was published, so no sweep sends it again
         if "publisher" in self.__dict__:
             self.publisher.close()
             self.publisher.connection.release()

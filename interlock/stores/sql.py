@@ -25,6 +25,9 @@ builds the store with `create_tables=False`.
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from functools import cache
@@ -66,6 +69,11 @@ from sqlmodel import Field, SQLModel, create_engine
 from schemas import ErrorInfo, FinishReason, Message, Snapshot, SnapshotStatus, Status, utcnow
 
 from ..errors import StatusError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: writers queue in SQLite's busy handler
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "MessageRow",
@@ -241,8 +249,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
     SQLite: a 30 s busy timeout, WAL journal, foreign keys on, and SQLAlchemy (not the
     driver) emitting BEGIN, so writes start with `BEGIN IMMEDIATE` and racing writers
-    queue instead of failing with "database is locked". An in-memory SQLite URL shares
-    one connection. PostgreSQL (`postgresql+psycopg://...`): pre-ping pooled connections.
+    queue instead of failing with "database is locked". Writers of a database file
+    first take a lock file beside it (`<path>.writelock`, see `_WriteLock`), so they
+    queue in the kernel rather than in SQLite's polling busy handler. An in-memory
+    SQLite URL shares one connection. PostgreSQL (`postgresql+psycopg://...`):
+    pre-ping pooled connections.
     """
     sa_url = make_url(url)
     if sa_url.get_backend_name() != "sqlite":
@@ -256,6 +267,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         connect_args.setdefault("check_same_thread", False)
         kwargs.setdefault("poolclass", StaticPool)
     engine = create_engine(sa_url, connect_args=connect_args, **kwargs)
+    write_lock = _WriteLock.beside(sa_url.database) if not memory else None
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
@@ -272,15 +284,137 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         write = conn.get_execution_options().get("interlock_write", False)
+        dbapi_conn = conn.connection.dbapi_connection
+        if write_lock is not None:
+            if write:
+                write_lock.acquire(dbapi_conn)
+            else:
+                write_lock.release(dbapi_conn)  # a write before it on this connection ended
         # Straight to the driver: this runs for every transaction, and SQLAlchemy's
         # statement machinery would cost more than the BEGIN itself.
-        cursor = conn.connection.cursor()
         try:
-            cursor.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-        finally:
-            cursor.close()
+            cursor = conn.connection.cursor()
+            try:
+                cursor.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            finally:
+                cursor.close()
+        except BaseException:
+            if write_lock is not None:
+                write_lock.release(dbapi_conn)
+            raise
 
+    if write_lock is not None:
+        write_lock.listen(engine)
     return engine
+
+
+class _WriteLock:
+    """Writers of one SQLite file queue on an exclusive `flock` of a lock file beside it
+    (within a process, first on a thread lock: a flock belongs to an open file, which
+    the process's threads share) before they `BEGIN IMMEDIATE`.
+
+    Without it, a writer that finds the database locked sleeps in SQLite's busy handler,
+    polling with sleeps of up to 100 ms, while the holder may be done in one; a writer
+    waiting on the flock wakes as soon as it is released. The lock is taken when a write
+    transaction begins, and released when its connection goes back to the pool (right
+    after its COMMIT or ROLLBACK), begins a read, is invalidated or closed: never later
+    than SQLite's own lock. A thread that cannot get the lock within the busy timeout
+    goes on without it, as do programs that do not know it: SQLite's locking stays the
+    authority, this only orders the waiting. One object per file and process, shared by
+    its engines; after a fork the child opens the file again.
+    """
+
+    _by_path: ClassVar[weakref.WeakValueDictionary[str, _WriteLock]] = weakref.WeakValueDictionary()
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = -1  # opened on first use, in the process that uses it
+        self._threads = threading.Lock()
+        self._holder: Any = None  # the DBAPI connection whose transaction holds the lock
+        self._unusable = False  # the file cannot be opened or locked: SQLite alone orders
+
+    def __del__(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+
+    @classmethod
+    def beside(cls, database: str | None) -> _WriteLock | None:
+        """The lock of the database file `database`; None where there is no `flock`."""
+        if fcntl is None or not database or database.startswith("file:"):
+            return None
+        path = os.path.abspath(database) + ".writelock"
+        with cls._registry_lock:
+            lock = cls._by_path.get(path)
+            if lock is None:
+                lock = cls._by_path[path] = cls(path)
+        return lock
+
+    def acquire(self, holder: Any) -> None:
+        if self._holder is holder or self._unusable:
+            return  # holder: a second write transaction on a connection still checked out
+        if not self._threads.acquire(timeout=_LOCK_TIMEOUT):
+            _log.warning("%s: no turn within %.0fs; writing without it", self.path, _LOCK_TIMEOUT)
+            return
+        try:
+            if self._fd < 0:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            self._threads.release()
+            self._unusable = True
+            _log.warning("%s: cannot lock (%s); writers queue in SQLite instead", self.path, exc)
+            return
+        except BaseException:
+            self._threads.release()
+            raise
+        self._holder = holder
+
+    def release(self, holder: Any) -> None:
+        if holder is None or self._holder is not holder:
+            return
+        self._holder = None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._threads.release()
+
+    def listen(self, engine: Engine) -> None:
+        """Release on every path a connection leaves its transaction by, errors included."""
+
+        def on_checkin(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
+            self.release(dbapi_conn)
+
+        def on_invalidate(dbapi_conn: Any, _record: ConnectionPoolEntry, _exc: Any) -> None:
+            self.release(dbapi_conn)
+
+        def on_close(dbapi_conn: Any, *_: Any) -> None:
+            self.release(dbapi_conn)
+
+        event.listen(engine, "checkin", on_checkin)
+        event.listen(engine, "invalidate", on_invalidate)
+        event.listen(engine, "close", on_close)
+        event.listen(engine, "close_detached", on_close)
+
+    @classmethod
+    def _after_fork(cls) -> None:
+        """In a forked child: the parent's open files and thread locks are not ours (a
+        flock the parent held stays the parent's until it releases it)."""
+        cls._registry_lock = threading.Lock()
+        for lock in list(cls._by_path.values()):
+            if lock._fd >= 0:
+                os.close(lock._fd)
+            lock._fd = -1
+            lock._threads = threading.Lock()
+            lock._holder = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WriteLock._after_fork)
+
+_LOCK_TIMEOUT = 30.0
+"""Seconds a thread waits for its process's turn to write before going on without the
+write lock (SQLite's busy timeout then applies)."""
 
 
 class SqlSessionStore:

@@ -1,0 +1,248 @@
+"""Writers of one SQLite file queue on a lock file beside it (`make_engine`): taken by
+write transactions only, released on every way out of them, shared correctly by
+processes and their forks."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from multiprocessing.synchronize import Event as ProcessEvent
+from pathlib import Path
+
+import pytest
+from services import eventually
+from sql_helpers import checked_at_commit
+from sqlalchemy import func, insert, select, text
+from sqlalchemy.exc import IntegrityError
+
+import interlock.stores.sql
+from interlock import SqlSessionStore
+from schemas import FinishReason, Message, Snapshot, SnapshotStatus
+
+WAIT = 20.0
+"""Seconds a write may wait here before the test fails (below the 30 s after which a
+writer would go on without the lock)."""
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+def store(db: Path) -> Iterator[SqlSessionStore]:
+    sql = SqlSessionStore(f"sqlite:///{db}")
+    try:
+        yield sql
+    finally:
+        sql.close()
+
+
+def lock_is_free(db: Path) -> bool:
+    """Whether another open file (as another process would) can take the lock now."""
+    fd = os.open(f"{db}.writelock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # releases it, if taken
+    return True
+
+
+def snapshot(session_id: str, i: int, parent_id: str | None) -> Snapshot:
+    """The i-th snapshot of a session: i + 1 messages, all but the last inherited."""
+    return Snapshot(
+        snapshot_id=f"{session_id}-{i}",
+        session_id=session_id,
+        parent_id=parent_id,
+        agent="a",
+        status=SnapshotStatus.COMPLETED,
+        finish_reason=FinishReason.STOP,
+        inherited=i,
+        messages=[
+            Message.model_validate({"role": "user", "content": [{"text": f"{session_id} {n}"}]})
+            for n in range(i + 1)
+        ],
+    )
+
+
+def finishes(work: Callable[[], object]) -> bool:
+    """Whether `work()` completes, in a thread, within `WAIT` seconds."""
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(WAIT)
+    return not thread.is_alive()
+
+
+def test_write_transactions_hold_the_lock_reads_do_not(store: SqlSessionStore, db: Path) -> None:
+    assert lock_is_free(db)
+    with store.writer().begin() as conn:
+        assert not lock_is_free(db)
+        conn.execute(text("SELECT 1"))
+    assert lock_is_free(db), "released once the transaction is over"
+    with store.engine.connect() as conn, conn.begin():
+        conn.execute(text("SELECT 1"))
+        assert lock_is_free(db), "reads take no lock"
+    with store.writer().connect() as conn:
+        with conn.begin():
+            assert not lock_is_free(db)
+        with conn.begin():  # a second write on the connection (it already holds the lock)
+            assert not lock_is_free(db)
+    assert lock_is_free(db)
+
+
+class Boom(Exception):
+    pass
+
+
+def test_a_write_that_raises_releases_the_lock(store: SqlSessionStore, db: Path) -> None:
+    def fail() -> None:
+        with store.writer().begin() as conn:
+            conn.execute(text("SELECT 1"))
+            raise Boom
+
+    with pytest.raises(Boom):
+        fail()
+    assert lock_is_free(db)
+    assert finishes(lambda: store.save_snapshot(snapshot("s", 0, None))), "the next write waits"
+
+
+def test_a_failed_commit_releases_the_lock(store: SqlSessionStore, db: Path) -> None:
+    child = checked_at_commit(store)
+
+    def orphan() -> None:
+        with store.writer().begin() as conn:
+            conn.execute(insert(child).values(parent="missing"))  # checked at COMMIT
+
+    with pytest.raises(IntegrityError):
+        orphan()
+    assert lock_is_free(db)
+    assert finishes(lambda: store.save_snapshot(snapshot("s", 0, None)))
+
+
+def test_an_invalidated_connection_releases_the_lock(store: SqlSessionStore, db: Path) -> None:
+    with store.writer().connect() as conn:
+        conn.begin()
+        assert not lock_is_free(db)
+        conn.invalidate()
+        assert lock_is_free(db)
+    assert finishes(lambda: store.save_snapshot(snapshot("s", 0, None)))
+
+
+def test_a_connection_closed_mid_write_releases_the_lock(store: SqlSessionStore, db: Path) -> None:
+    conn = store.writer().connect()
+    conn.begin()
+    conn.execute(text("SELECT 1"))
+    conn.close()  # rolled back on its way to the pool
+    assert lock_is_free(db)
+    assert finishes(lambda: store.save_snapshot(snapshot("s", 0, None)))
+
+
+def _write_sessions(url: str, session_id: str, count: int, start: ProcessEvent) -> None:
+    store = SqlSessionStore(url)
+    start.wait(60)
+    parent: str | None = None
+    for i in range(count):
+        store.save_snapshot(snapshot(session_id, i, parent))
+        parent = f"{session_id}-{i}"
+    store.close()
+
+
+def test_processes_writing_at_once_stay_correct(store: SqlSessionStore, db: Path) -> None:
+    count = 60
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Event()
+    sessions = [f"p{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
+    writers = [
+        ctx.Process(target=_write_sessions, args=(f"sqlite:///{db}", sid, count, start))
+        for sid in sessions[:2]
+    ]
+    for writer in writers:
+        writer.start()
+    start.set()
+    _write_sessions(f"sqlite:///{db}", sessions[2], count, start)  # and this process too
+    for writer in writers:
+        writer.join(timeout=120)
+        assert writer.exitcode == 0
+
+    assert Path(f"{db}.writelock").exists()
+    for sid in sessions:
+        last = store.get_latest_snapshot(sid)
+        assert last is not None
+        assert last.snapshot_id == f"{sid}-{count - 1}"
+        assert [m.content[0].text for m in last.messages] == [f"{sid} {n}" for n in range(count)]
+    with store.engine.connect() as conn:
+        total = conn.execute(select(func.count()).select_from(interlock.stores.sql._SNAP)).scalar()
+    assert total == 3 * count
+
+
+def test_a_forked_child_gets_a_lock_of_its_own(store: SqlSessionStore, db: Path) -> None:
+    """Forked while this process holds the lock: the child's write waits for the
+    parent to release it, not (for the 30 s before giving up) on its copy of the
+    parent's thread lock."""
+    store.save_snapshot(snapshot("parent", 0, None))  # the lock's file is open here
+    lock = interlock.stores.sql._WriteLock.beside(str(db))
+    assert lock is not None
+    holder = object()
+    lock.acquire(holder)  # as a write transaction of another thread would
+    pid = os.fork()
+    if pid == 0:  # the child: write on the parent's store, then leave at once
+        code = 1
+        try:
+            store.engine.dispose(close=False)  # the parent's pooled connections are not ours
+            store.save_snapshot(snapshot("child", 0, None))
+            code = 0
+        finally:
+            os._exit(code)
+    lock.release(holder)
+    status: list[int] = []
+
+    def exited() -> bool:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status.append(os.waitstatus_to_exitcode(raw))
+        return bool(status)
+
+    try:
+        eventually(exited, "write of the child", WAIT)
+    finally:
+        if not status:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert status == [0], "the child wrote"
+    assert store.get_snapshot("child-0") is not None
+
+
+def test_without_flock_writers_rely_on_sqlite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(interlock.stores.sql, "fcntl", None)
+    db = tmp_path / "plain.db"
+    store = SqlSessionStore(f"sqlite:///{db}")
+    try:
+        store.save_snapshot(snapshot("s", 0, None))
+        assert store.get_snapshot("s-0") is not None
+    finally:
+        store.close()
+    assert not Path(f"{db}.writelock").exists()
+
+
+def test_a_lock_file_that_cannot_be_opened_leaves_ordering_to_sqlite(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "odd.db"
+    Path(f"{db}.writelock").mkdir()  # not a file: it cannot be opened for writing
+    store = SqlSessionStore(f"sqlite:///{db}")
+    try:
+        for i in range(3):
+            store.save_snapshot(snapshot("s", i, f"s-{i - 1}" if i else None))
+        assert store.get_latest_snapshot("s") is not None
+    finally:
+        store.close()
+    assert sum("cannot lock" in r.getMessage() for r in caplog.records) == 1, "said once"
