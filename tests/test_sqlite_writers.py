@@ -113,6 +113,27 @@ def test_a_write_that_raises_releases_the_lock(store: SqlSessionStore, db: Path)
     assert finishes(lambda: store.save_snapshot(snapshot("s", 0, None))), "the next write waits"
 
 
+def test_a_stopped_holder_delays_writers_but_does_not_hang_them(
+    store: SqlSessionStore,
+    db: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another process holds the lock file and never lets go (stopped, not dead): after
+    the lock timeout a writer goes on, and SQLite's own locking decides."""
+    monkeypatch.setattr(interlock.stores.sql, "_LOCK_TIMEOUT", 0.3)
+    fd = os.open(f"{db}.writelock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: as another process would
+        assert finishes(lambda: store.save_snapshot(snapshot("s", 0, None)))
+    finally:
+        os.close(fd)
+    assert store.get_snapshot("s-0") is not None
+    assert "not free within" in caplog.text
+    assert finishes(lambda: store.save_snapshot(snapshot("s", 1, "s-0"))), "the lock works again"
+    assert lock_is_free(db)
+
+
 def test_a_failed_commit_releases_the_lock(store: SqlSessionStore, db: Path) -> None:
     child = checked_at_commit(store)
 
