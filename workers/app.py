@@ -47,6 +47,7 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
     app = Celery("interlock", broker=settings.broker_url, set_as_current=False)
     app.conf.update(
         delivery_config(settings),
+        broker_transport=settings.broker_transport,
         task_default_queue=TURNS,
         task_queues=[TURNS_QUEUE],
         task_routes={RUN_TURN: {"queue": TURNS}},

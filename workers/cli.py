@@ -404,7 +404,11 @@ def decide(
         respond=respond_entries,
         restart=restart_entries,
     )
-    with Connection(settings.broker_url, transport_options=settings.transport_options) as conn:
+    with Connection(
+        settings.broker_url,
+        transport=settings.broker_transport,
+        transport_options=settings.transport_options,
+    ) as conn:
         Publisher(conn).publish_decision(decision)
     emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
 

@@ -55,7 +55,9 @@ class Runtime:
     def connection(self) -> Connection:
         """A new broker connection with the shared transport options."""
         return Connection(
-            self.settings.broker_url, transport_options=self.settings.transport_options
+            self.settings.broker_url,
+            transport=self.settings.broker_transport,
+            transport_options=self.settings.transport_options,
         )
 
     @cached_property

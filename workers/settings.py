@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from events.redis_transport import transport_for
+
 __all__ = ["Settings"]
 
 DEFAULT_BROKER = "redis://localhost:6379/0"
@@ -57,6 +59,13 @@ class Settings:
         if self.heartbeat_file:
             env["INTERLOCK_HEARTBEAT_FILE"] = self.heartbeat_file
         return env
+
+    @property
+    def broker_transport(self) -> str | None:
+        """The kombu transport of the broker: Redis URLs get the one of
+        `events.redis_transport` (kombu's, reusing its redis client); None lets kombu
+        choose by the URL's scheme."""
+        return transport_for(self.broker_url)
 
     @property
     def transport_options(self) -> dict[str, Any]:
