@@ -29,10 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
-
 from interlock import Agent, InMemorySessionStore, SqlSessionStore
-from interlock.stores.sql import make_engine
 
 from . import peers
 from ._common import banking_agent, emit, interlock_cycle, summarize, versions
@@ -75,24 +72,13 @@ def _cycle_of(agent: Agent) -> Callable[[int], None]:
     return cycle
 
 
-def _sync_normal_store(path: Path) -> tuple[SqlSessionStore, Callable[[], None]]:
-    """A store whose SQLite connections use synchronous=NORMAL, and how to close it. Not
-    the default (FULL: each commit is fsynced) but an opt-in through the public `engine=`
-    argument. Under WAL, a commit then survives a crash of the process, not of the
-    machine."""
-    engine = make_engine(f"sqlite:///{path}")
-
-    @event.listens_for(engine, "connect")
-    def _normal(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.execute("PRAGMA synchronous=NORMAL")
-
-    store = SqlSessionStore(engine=engine)
-    return store, engine.dispose
-
-
 def _ours(tmp: Path) -> list[peers.Peer]:
     sql_store = SqlSessionStore(f"sqlite:///{tmp / 'interlock.db'}")
-    normal_store, close_normal = _sync_normal_store(tmp / "interlock_sync_normal.db")
+    # Opt-in, not the default: under WAL a commit then survives a crash of the
+    # process, not of the machine.
+    normal_store = SqlSessionStore(
+        f"sqlite:///{tmp / 'interlock_sync_normal.db'}?synchronous=normal"
+    )
     return [
         peers.Peer(
             "interlock_memory",
@@ -108,8 +94,8 @@ def _ours(tmp: Path) -> list[peers.Peer]:
         peers.Peer(
             "interlock_sqlite_sync_normal",
             _cycle_of(banking_agent(normal_store)),
-            _OURS + "SqlSessionStore on a SQLite file (WAL, synchronous=NORMAL, opt-in)",
-            close=close_normal,
+            _OURS + "SqlSessionStore on a SQLite file, ?synchronous=normal (WAL, opt-in)",
+            close=normal_store.close,
         ),
     ]
 

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import event, func, select, text
 from sqlmodel import SQLModel
 
+from interlock import StatusError
 from interlock.stores import InMemorySessionStore, SessionStore, SqlSessionStore
 from schemas import (
     ErrorInfo,
@@ -437,3 +438,22 @@ def test_in_memory_sqlite_url() -> None:
         got = mem.get_snapshot("m")
         assert got is not None
         assert len(got.messages) == 2
+
+
+@pytest.mark.parametrize(("query", "expected"), [("", 2), ("?synchronous=normal", 1)])
+def test_sqlite_synchronous_from_the_url(tmp_path: Path, query: str, expected: int) -> None:
+    """SQLite's default (FULL: every commit waits for the disk) unless the URL opts out."""
+    with SqlSessionStore(f"sqlite:///{tmp_path}/s.db{query}") as store:
+        store.save_snapshot(snap("s", messages=[msg("1")]))
+        with store.engine.connect() as conn:
+            assert conn.execute(text("PRAGMA synchronous")).scalar() == expected
+        assert store.get_snapshot("s") is not None
+    assert (tmp_path / "s.db").exists(), "the option is not part of the file name"
+
+
+def test_sqlite_synchronous_must_be_known(tmp_path: Path) -> None:
+    with pytest.raises(StatusError) as info:
+        SqlSessionStore(f"sqlite:///{tmp_path}/s.db?synchronous=sometimes")
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert "synchronous='sometimes'" in info.value.message
+    assert "off, normal, full, extra" in info.value.message

@@ -253,13 +253,26 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     queue instead of failing with "database is locked". Writers of a database file
     first take a lock file beside it (`<path>.writelock`, see `_WriteLock`), so they
     queue in the kernel rather than in SQLite's polling busy handler. An in-memory
-    SQLite URL shares one connection. PostgreSQL (`postgresql+psycopg://...`):
+    SQLite URL shares one connection. `?synchronous=normal` (or `off`, `full`,
+    `extra`) in a SQLite URL sets that pragma on every connection; SQLite's default,
+    FULL, waits for the disk at every commit. PostgreSQL (`postgresql+psycopg://...`):
     pre-ping pooled connections.
     """
     sa_url = make_url(url)
     if sa_url.get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", True)
         return create_engine(sa_url, **kwargs)
+
+    synchronous = sa_url.query.get("synchronous")
+    if synchronous is not None:
+        if not isinstance(synchronous, str) or synchronous.lower() not in _SYNCHRONOUS:
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                f"synchronous={synchronous!r} in the store URL: use one of "
+                + ", ".join(_SYNCHRONOUS),
+            )
+        synchronous = synchronous.lower()
+        sa_url = sa_url.difference_update_query(["synchronous"])
 
     memory = sa_url.database in (None, "", ":memory:") or "mode=memory" in str(sa_url)
     connect_args = dict(kwargs.pop("connect_args", {}))
@@ -278,6 +291,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cur.execute("PRAGMA busy_timeout = 30000")
             if not memory:
                 cur.execute("PRAGMA journal_mode = WAL")
+            if synchronous is not None:
+                cur.execute(f"PRAGMA synchronous = {synchronous}")  # one of _SYNCHRONOUS
             cur.execute("PRAGMA foreign_keys = ON")
         finally:
             cur.close()
@@ -307,6 +322,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if write_lock is not None:
         write_lock.listen(engine)
     return engine
+
+
+_SYNCHRONOUS = ("off", "normal", "full", "extra")
+"""SQLite's `synchronous` settings a store URL may ask for."""
 
 
 class _WriteLock:

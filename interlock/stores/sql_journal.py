@@ -184,12 +184,13 @@ class SqlTurnJournal:
             ended = conn.execute(_ENDED, params).first()
             if ended is not None:
                 return TurnStart(TurnStartKind.ENDED, str(ended[0]), str(ended[1]))
-            if conn.execute(_TAKE, params).rowcount == 1:
+            row = {"turn_id": turn_id, "owner": owner, "expires_at": params["p_until"]}
+            if conn.execute(self._insert_if_absent, row).first() is not None:
+                kind = TurnStartKind.NEW  # the usual case: one statement
+            elif conn.execute(_TAKE, params).rowcount == 1:
                 kind = TurnStartKind.TAKEN_OVER
             else:
-                row = {"turn_id": turn_id, "owner": owner, "expires_at": params["p_until"]}
-                inserted = conn.execute(self._insert_if_absent, row).first() is not None
-                kind = TurnStartKind.NEW if inserted else TurnStartKind.BUSY
+                kind = TurnStartKind.BUSY
         if kind != TurnStartKind.BUSY:
             with self._held_lock:
                 self._held[turn_id] = owner
