@@ -7,7 +7,7 @@ A process publishes the rows it wrote itself from memory: `add` keeps what the e
 needs beside the row, and the outbox takes it as publishable only once the row's
 transaction has committed (SQLAlchemy's events tell; a rolled-back row is dropped and
 never published). Published rows are marked sent (and their resume tokens erased) in
-one transaction for many rows, a fraction of a second later (`MARK_DELAY`), by a
+one transaction for many rows, a few milliseconds later (`MARK_DELAY`), by a
 thread of the process, so the turn path pays no read and no write for them.
 
 Rows of other processes a relay sweeps only once they are `SWEEP_GRACE` seconds old,
@@ -103,9 +103,10 @@ SWEEP_INTERVAL = 1.0
 """A relay's `flush()` sweeps the whole table at most this often (its own rows go out
 on every flush)."""
 
-MARK_DELAY = 0.3
-"""Seconds a published row waits to be marked sent, so that one transaction marks the
-rows of many events. Must stay well below `SWEEP_GRACE`."""
+MARK_DELAY = 0.02
+"""Seconds a published row waits to be marked sent (its resume token erased), so that
+one transaction marks the rows published meanwhile. Short: the plaintext token should
+not outlive the publish by more than that. Must stay well below `SWEEP_GRACE`."""
 
 _MAX_MINE = 10_000
 """At most this many committed rows written here wait in memory to be published (older

@@ -146,7 +146,7 @@ def test_happy_path_submit_interrupt_decide_complete(stack: QueueStack, dash: Da
     assert completed.snapshot_id != body["snapshot_id"]
 
     # the token is kept only as a hash, and erased from the outbox once published (the
-    # worker marks published rows sent in batches, a fraction of a second later)
+    # worker marks published rows sent in batches, a few milliseconds later)
     engine = create_engine(stack.store_url)
 
     def outbox_row_once_sent() -> Any:
