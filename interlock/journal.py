@@ -9,10 +9,11 @@ run again. A model response that no tool acted on is not kept: the turn's snapsh
 supersedes it, and a run that died before that snapshot asks the model again.
 
 One window remains: a crash inside a tool after its side effect and before its
-journal entry is written. The tool then runs again on redelivery. `ctx.idempotency_key`
-is the same on both runs (it depends on the session and the call's ref, and the ref
-is replayed), so a tool that passes it to the outside system (a payment API's
-idempotency key, a unique column) makes the second request harmless.
+journal entry is written (or, for a store that does not wait for the disk on such
+entries, a power cut before it got there). The tool then runs again on redelivery.
+`ctx.idempotency_key` is the same on both runs (it depends on the session and the
+call's ref, and the ref is replayed), so a tool that passes it to the outside system
+(a payment API's idempotency key, a unique column) makes the second request harmless.
 """
 
 from __future__ import annotations

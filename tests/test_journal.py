@@ -301,3 +301,36 @@ def test_renew_held_extends_every_lease_held_here(sql_journal: SqlTurnJournal) -
     sql_journal.end("b", "w1", snapshot_saved=False)
     assert sql_journal.renew_held(30) == 1
     assert sql_journal.begin("b", "w2", ttl=30).kind is TurnStartKind.TAKEN_OVER
+
+
+def test_what_must_survive_the_machine_waits_for_the_disk(sql_journal: SqlTurnJournal) -> None:
+    """Model responses (they fix the calls' refs and idempotency keys) commit durably;
+    leases and tool outcomes need only survive the process (relaxed writes)."""
+    from sqlalchemy import event
+
+    seen: list[tuple[str, bool]] = []
+
+    def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        words = statement.split()
+        table = {"INSERT": 2, "UPDATE": 1, "DELETE": 2}.get(words[0])
+        if table is not None:
+            relaxed = bool(conn.get_execution_options().get("interlock_relaxed"))
+            seen.append((words[table], relaxed))
+
+    engine = sql_journal.store.engine
+    event.listen(engine, "before_cursor_execute", on_execute)
+    try:
+        sql_journal.begin("turn", "w1", ttl=30)
+        sql_journal.record("s", "turn", "model:0", {"message": {}})
+        sql_journal.record("s", "turn", "tool:r1", {"output": 1})
+        sql_journal.renew_held(30)
+        sql_journal.end("turn", "w1", snapshot_saved=False)
+    finally:
+        event.remove(engine, "before_cursor_execute", on_execute)
+    assert seen == [
+        ("interlock_turn_lease", True),
+        ("interlock_journal", False),
+        ("interlock_journal", True),
+        ("interlock_turn_lease", True),
+        ("interlock_turn_lease", True),
+    ]

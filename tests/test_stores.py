@@ -457,3 +457,39 @@ def test_sqlite_synchronous_must_be_known(tmp_path: Path) -> None:
     assert info.value.status is Status.INVALID_ARGUMENT
     assert "synchronous='sometimes'" in info.value.message
     assert "off, normal, full, extra" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("query", "ordinary", "relaxed"),
+    [("", 2, 1), ("?synchronous=normal", 1, 1), ("?synchronous=off", 0, 0)],
+)
+def test_relaxed_writes_do_not_wait_for_the_disk_sqlite(
+    tmp_path: Path, query: str, ordinary: int, relaxed: int
+) -> None:
+    """A relaxed write commits without waiting for the disk; every other transaction
+    keeps the database's level (a connection goes back to it after a relaxed one)."""
+    with SqlSessionStore(f"sqlite:///{tmp_path}/s.db{query}") as store:
+        levels = []
+        for engine in (store.writer(relaxed=True), store.writer(), store.engine):
+            for _ in range(2):
+                with engine.begin() as conn:
+                    levels.append(conn.execute(text("PRAGMA synchronous")).scalar())
+        assert levels == [relaxed, relaxed, ordinary, ordinary, ordinary, ordinary]
+        with store.writer(relaxed=True).begin() as conn:  # and it writes, of course
+            conn.execute(text("CREATE TABLE t (x INTEGER)"))
+            conn.execute(text("INSERT INTO t VALUES (1)"))
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT x FROM t")).scalar() == 1
+
+
+def test_relaxed_writes_do_not_wait_for_the_disk_postgresql(pg_url: str) -> None:
+    with SqlSessionStore(pg_url) as store:
+        with store.writer(relaxed=True).begin() as conn:
+            assert conn.execute(text("SHOW synchronous_commit")).scalar() == "off"
+            conn.execute(text("CREATE TABLE t (x INTEGER)"))
+            conn.execute(text("INSERT INTO t VALUES (1)"))
+        with store.writer().begin() as conn:
+            assert conn.execute(text("SHOW synchronous_commit")).scalar() == "on"
+            assert conn.execute(text("SELECT x FROM t")).scalar() == 1
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SHOW synchronous_commit")).scalar() == "on"

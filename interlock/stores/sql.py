@@ -259,8 +259,21 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     pre-ping pooled connections.
     """
     sa_url = make_url(url)
-    if sa_url.get_backend_name() != "sqlite":
+    if sa_url.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
+        pg_engine = create_engine(sa_url, **kwargs)
+
+        @event.listens_for(pg_engine, "begin")
+        def _on_pg_begin(conn: Connection) -> None:
+            if conn.get_execution_options().get("interlock_relaxed", False):
+                cursor = conn.connection.cursor()
+                try:  # the driver opens the transaction with it
+                    cursor.execute("SET LOCAL synchronous_commit TO OFF")
+                finally:
+                    cursor.close()
+
+        return pg_engine
+    if sa_url.get_backend_name() != "sqlite":
         return create_engine(sa_url, **kwargs)
 
     synchronous = sa_url.query.get("synchronous")
@@ -294,8 +307,25 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             if synchronous is not None:
                 cur.execute(f"PRAGMA synchronous = {synchronous}")  # one of _SYNCHRONOUS
             cur.execute("PRAGMA foreign_keys = ON")
+            cur.execute("PRAGMA synchronous")
+            _record.info["interlock_sync"] = _record.info["interlock_sync_default"] = int(
+                cur.fetchone()[0]
+            )
         finally:
             cur.close()
+
+    def _sync_for(conn: Connection, write: bool) -> str | None:
+        """The PRAGMA to run before this transaction, if its connection must change
+        its `synchronous` level: relaxed writes do not wait for the disk (NORMAL, when
+        the database's level is above it); every other transaction has the database's."""
+        info = conn.connection.info
+        want = info["interlock_sync_default"]
+        if write and conn.get_execution_options().get("interlock_relaxed", False):
+            want = min(want, _NORMAL)
+        if info.get("interlock_sync") == want:
+            return None
+        info["interlock_sync"] = want
+        return f"PRAGMA synchronous = {want}"
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
@@ -311,6 +341,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         try:
             cursor = conn.connection.cursor()
             try:
+                pragma = _sync_for(conn, write)
+                if pragma is not None:
+                    cursor.execute(pragma)
                 cursor.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             finally:
                 cursor.close()
@@ -326,6 +359,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 """SQLite's `synchronous` settings a store URL may ask for."""
+
+_NORMAL = 1
+"""SQLite's `synchronous=NORMAL`: under WAL, a commit is safe from a crash of the
+process, not from one of the machine, until the next commit that waits for the disk
+(every earlier commit is then on the disk too: the log is written in order)."""
 
 
 class _WriteLock:
@@ -482,6 +520,9 @@ class SqlSessionStore:
         # Writes: BEGIN IMMEDIATE on SQLite (see make_engine). Reads: one consistent
         # view for the snapshot rows and their history.
         self._writer = self.engine.execution_options(interlock_write=True)
+        self._relaxed_writer = self.engine.execution_options(
+            interlock_write=True, interlock_relaxed=True
+        )
         self._reader = (
             self.engine.execution_options(isolation_level="REPEATABLE READ")
             if self._dialect == "postgresql"
@@ -510,9 +551,16 @@ class SqlSessionStore:
                 conn.execute(select(func.pg_advisory_xact_lock(_DDL_LOCK_KEY)))
             tables.create_all(conn, checkfirst=True)
 
-    def writer(self) -> Engine:
-        """The engine for write transactions (`BEGIN IMMEDIATE` on SQLite)."""
-        return self._writer
+    def writer(self, *, relaxed: bool = False) -> Engine:
+        """The engine for write transactions (`BEGIN IMMEDIATE` on SQLite).
+
+        `relaxed`: for records that only need to survive a crash of the process, not of
+        the machine (turn leases, journal entries whose loss the journal's remaining
+        window covers, marks of published events). Their commits do not wait for the
+        disk (SQLite: synchronous NORMAL under WAL; PostgreSQL: synchronous_commit off
+        for the transaction); the next ordinary commit takes them to the disk with it,
+        since the log is written in order."""
+        return self._relaxed_writer if relaxed else self._writer
 
     def reader(self) -> Engine:
         """The engine for reads: one consistent view per transaction (REPEATABLE READ on
