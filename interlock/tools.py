@@ -112,9 +112,11 @@ class Tool(Generic[In, Out]):
         try:
             return self._in.validate_python(value)
         except ValidationError as exc:
-            raise StatusError(
-                Status.INVALID_ARGUMENT, f"invalid input for tool {self.name!r}: {brief(exc)}"
-            ) from exc
+            message = f"invalid input for tool {self.name!r}: {brief(exc)}"
+            if isinstance(value, str):  # a model's arguments that were not JSON, kept raw
+                shown = value if len(value) <= 200 else value[:200] + "..."
+                message += f" (the model sent arguments that are not JSON: {shown!r})"
+            raise StatusError(Status.INVALID_ARGUMENT, message) from exc
 
     def check_output(self, value: Any) -> Any:
         """`value` validated against Out, as JSON (INVALID_ARGUMENT when it does not fit)."""

@@ -404,6 +404,7 @@ def test_malformed_arguments_fail_the_tool_with_invalid_argument(
         agent.run_text(ASK)
     assert status_of(info.value) is Status.INVALID_ARGUMENT
     assert "invalid input for tool 'transferMoney'" in info.value.message
+    assert f"the model sent arguments that are not JSON: {BAD_JSON!r}" in info.value.message
     assert agent.store is not None and info.value.snapshot_id is not None
     failed = agent.store.get_snapshot(info.value.snapshot_id)
     assert failed is not None

@@ -143,6 +143,26 @@ def test_invalid_tool_input_from_the_model() -> None:
         agent.run_text("go")
     assert status_of(info.value) is Status.INVALID_ARGUMENT
     assert "invalid input for tool 'strict'" in info.value.message
+    assert "not JSON" not in info.value.message
+
+
+def test_tool_input_that_was_not_json_is_quoted() -> None:
+    """A model's arguments that did not parse are kept raw; the error shows them
+    (the first 200 characters)."""
+    ai = Interlock()
+
+    @ai.tool(name="strict", description="")
+    def strict(inp: Num) -> Result:
+        return Result(value=inp.n)
+
+    raw = '{"n": 1' + " " * 300 + "tail"
+    with pytest.raises(ToolFailedError) as info:
+        one_call(ai, strict, raw).run_text("go")
+    assert status_of(info.value) is Status.INVALID_ARGUMENT
+    assert "the model sent arguments that are not JSON: " + repr(raw[:200] + "...") in (
+        info.value.message
+    )
+    assert "tail" not in info.value.message
 
 
 def test_model_calls_an_unknown_tool() -> None:
