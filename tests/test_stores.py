@@ -470,11 +470,13 @@ def test_relaxed_writes_do_not_wait_for_the_disk_sqlite(
     keeps the database's level (a connection goes back to it after a relaxed one)."""
     with SqlSessionStore(f"sqlite:///{tmp_path}/s.db{query}") as store:
         levels = []
-        for engine in (store.writer(relaxed=True), store.writer(), store.engine):
+        for engine in (store.writer(relaxed=True), store.writer(), store.writer(relaxed=True)):
             for _ in range(2):
                 with engine.begin() as conn:
                     levels.append(conn.execute(text("PRAGMA synchronous")).scalar())
-        assert levels == [relaxed, relaxed, ordinary, ordinary, ordinary, ordinary]
+        assert levels == [relaxed, relaxed, ordinary, ordinary, relaxed, relaxed]
+        with store.writer().begin() as conn:
+            assert conn.execute(text("PRAGMA synchronous")).scalar() == ordinary
         with store.writer(relaxed=True).begin() as conn:  # and it writes, of course
             conn.execute(text("CREATE TABLE t (x INTEGER)"))
             conn.execute(text("INSERT INTO t VALUES (1)"))

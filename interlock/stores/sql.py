@@ -315,12 +315,15 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cur.close()
 
     def _sync_for(conn: Connection, write: bool) -> str | None:
-        """The PRAGMA to run before this transaction, if its connection must change
-        its `synchronous` level: relaxed writes do not wait for the disk (NORMAL, when
-        the database's level is above it); every other transaction has the database's."""
+        """The PRAGMA to run before this write transaction, if its connection must
+        change its `synchronous` level: relaxed writes do not wait for the disk (NORMAL,
+        when the database's level is above it); other writes have the database's level.
+        Reads commit nothing: they leave the level as it is."""
+        if not write:
+            return None
         info = conn.connection.info
         want = info["interlock_sync_default"]
-        if write and conn.get_execution_options().get("interlock_relaxed", False):
+        if conn.get_execution_options().get("interlock_relaxed", False):
             want = min(want, _NORMAL)
         if info.get("interlock_sync") == want:
             return None
