@@ -1,0 +1,126 @@
+"""The resume consumer while its database is away, on a real PostgreSQL database and a
+real Redis: a decision delivered then is requeued, not lost, not dead-lettered and not
+answered; delivered again once the database is back, it is accepted once.
+
+The database is taken away for real: it stops accepting connections and the ones open
+on it (the consumer's pooled connections among them) are terminated. The consumer's
+`on_message` is driven with messages read from the real decisions queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from services import eventually
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import NullPool
+from test_consumer_commit import Rig
+
+from events.topology import DECISIONS_DEAD
+
+REQUEUED_TIMEOUT = 10.0
+"""Seconds to wait for a requeued decision to be readable again (it takes milliseconds)."""
+
+_BACKENDS = "SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"
+_TERMINATE = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+    " WHERE datname = :d AND pid <> pg_backend_pid()"
+)
+
+
+@pytest.fixture
+def rig(redis_url: str, pg_url: str) -> Iterator[Rig]:
+    with contextlib.closing(Rig(redis_url, pg_url)) as made:
+        yield made
+
+
+@pytest.fixture
+def dead(rig: Rig) -> Iterator[Any]:
+    """`interlock.decisions.dead`, emptied first."""
+    simple = rig.conn.SimpleQueue(DECISIONS_DEAD)
+    simple.clear()
+    yield simple
+    simple.close()
+
+
+@contextlib.contextmanager
+def database_away(admin_url: str, url: str) -> Iterator[int]:
+    """For the block, the database of `url` refuses new connections and those open on it
+    are gone; yields how many were terminated. Connections are allowed again at exit,
+    whatever happened in the block."""
+    name = make_url(url).database
+    assert name
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    quoted = admin.dialect.identifier_preparer.quote_identifier(name)
+
+    def backends() -> int:
+        with admin.connect() as conn:
+            return int(conn.execute(text(_BACKENDS), {"d": name}).scalar_one())
+
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f"ALTER DATABASE {quoted} ALLOW_CONNECTIONS false"))
+            terminated = int(conn.execute(text(_TERMINATE), {"d": name}).scalar_one())
+        eventually(lambda: backends() == 0, f"end of the connections to {name}")
+        with pytest.raises(OperationalError, match="not currently accepting connections"):
+            create_engine(url, poolclass=NullPool).connect().close()
+        yield terminated
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"ALTER DATABASE {quoted} ALLOW_CONNECTIONS true"))
+        admin.dispose()
+
+
+def test_decision_delivered_while_the_database_is_away_is_requeued_then_accepted(
+    rig: Rig, dead: Any, pg_admin: str, pg_url: str
+) -> None:
+    """The database goes away with a valid decision on the queue. Delivered then, the
+    decision raises nothing out of `on_message`, is not acked, gets no outcome event, is
+    not dead-lettered, claims and records nothing, and is back on the queue. Delivered
+    again once the database is back, it is accepted: one outcome, one claim, one row in
+    the decision log, one resumed turn enqueued, and the message acked."""
+    body = rig.paused(15)
+    consumer = rig.consumer()
+    # The consumer has read the store before: its pool holds connections to lose.
+    assert consumer.rt.store.get_snapshot(body["snapshot_id"]) is not None
+    assert consumer.rt.decisions.get(body["decision_id"]) is None
+    assert consumer.rt.store.engine.pool.checkedin() >= 1
+    rig.rt.publisher.publish_decision(body)
+    message = rig.decisions.get(timeout=REQUEUED_TIMEOUT)
+
+    with database_away(pg_admin, pg_url) as terminated:
+        assert terminated >= 1
+        consumer.on_message(message)  # the store fails: requeued, nothing raised
+        assert consumer.handled == 0
+        assert rig.published() == []
+        with pytest.raises(dead.Empty):
+            dead.get_nowait()
+        assert rig.enqueued() == []
+        again = rig.decisions.get(timeout=REQUEUED_TIMEOUT)  # back on the queue
+        assert json.loads(again.body) == body
+
+    assert rig.claimed_by(body["snapshot_id"]) is None
+    assert rig.rows(body["decision_id"]) == []
+
+    consumer.on_message(again)
+    assert consumer.handled == 1
+    [event] = rig.published()
+    assert event.type == "decision.accepted", event.model_dump_json()
+    assert event.decision_id == body["decision_id"]  # type: ignore[attr-defined]
+    assert rig.claimed_by(body["snapshot_id"]) == body["decision_id"]
+    [row] = rig.rows(body["decision_id"])
+    assert row.outcome == "accepted"
+    assert row.event_body == event.model_dump_json()
+    [request] = rig.enqueued()
+    assert request["decision_id"] == request["claimed_by"] == body["decision_id"]
+    assert request["snapshot_id"] == body["snapshot_id"]
+    with pytest.raises(rig.decisions.Empty):  # acked: gone for good
+        rig.decisions.get_nowait()
+    with pytest.raises(dead.Empty):
+        dead.get_nowait()
