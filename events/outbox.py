@@ -108,6 +108,9 @@ MARK_DELAY = 0.02
 one transaction marks the rows published meanwhile. Short: the plaintext token should
 not outlive the publish by more than that. Must stay well below `SWEEP_GRACE`."""
 
+_MARK_RETRY = 1.0
+"""Seconds the marking thread waits after a failed attempt (the store is unreachable)."""
+
 _MAX_MINE = 10_000
 """At most this many committed rows written here wait in memory to be published (older
 ones are left to sweeps)."""
@@ -252,7 +255,9 @@ class Outbox:
             try:
                 self.flush_marks()
             except Exception:
-                log.exception("marking outbox rows sent failed; trying again")
+                log.exception("marking outbox rows sent failed; trying again in a second")
+                if self._stop.wait(_MARK_RETRY):  # the store is down: do not spin on it
+                    return
                 self._wake.set()
 
     def _committed(self, rows: Sequence[Row]) -> None:

@@ -185,6 +185,34 @@ def test_committed_row_published_once_then_marked_with_token_erased(
     assert outbox.unsent() == []
 
 
+def test_marks_that_fail_are_retried_without_spinning(
+    store: SqlSessionStore,
+    outbox: Outbox,
+    relay: OutboxRelay,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store refuses the marks for a while (here: the table is renamed away): the
+    marking thread tries again a second later, not every few milliseconds, and marks
+    the row once the store takes writes again."""
+    relay.flush()  # the first flush also sweeps (nothing to sweep yet)
+    relay.sweep_interval = 3600  # and no other will
+    paused = interrupted(f"secret-{uuid.uuid4()}")
+    outbox.add_now(paused)
+    with store.writer().begin() as conn:
+        conn.execute(text("ALTER TABLE interlock_outbox RENAME TO interlock_outbox_away"))
+    try:
+        assert relay.flush() == 1  # published; its mark now fails
+        eventually(lambda: "marking outbox rows sent failed" in caplog.text, "a failed mark", WAIT)
+        threading.Event().wait(0.5)  # half the retry pause: no other attempt in it
+        failures = caplog.text.count("marking outbox rows sent failed")
+        assert failures == 1, f"{failures} attempts in half a second"
+    finally:
+        with store.writer().begin() as conn:
+            conn.execute(text("ALTER TABLE interlock_outbox_away RENAME TO interlock_outbox"))
+    stored = sent_row(store, paused.event_id)
+    assert paused.resume_token is not None and paused.resume_token not in stored.body
+
+
 def test_close_marks_what_was_published(
     store: SqlSessionStore, broker: Connection, events_seen: EventStream
 ) -> None:
