@@ -550,7 +550,8 @@ def test_worker_killed_mid_turn(
     model step and tool call are not done again; the effect happened once."""
     if moment == "tool-running":
         turn = submit(sleep=120)
-        db.wait(lambda: db.attempts(turn.tag) == 1, "tool attempt")
+        # the effect, not just the attempt: the tool records them in two transactions
+        db.wait(lambda: db.effects(turn.tag) == 1, "the tool's side effect")
     else:
         turn = submit(after=120)
         db.wait(lambda: db.model_calls(turn.tag, 1) == 1, "the model's answering step")
