@@ -203,7 +203,7 @@ def _pydantic_ai_agent() -> tuple[Any, dict[str, str]]:
     )
     txn_ids: dict[str, str] = {}
 
-    @agent.tool_plain(requires_approval=True)
+    @agent.tool_plain(requires_approval=True)  # type: ignore[untyped-decorator]
     def transferMoney(amount: float, to_account: str) -> TransferOutput:
         """Transfer money to a specified account, pausing for user approval."""
         return TransferOutput(success=True, transaction_id=txn_ids["next"])

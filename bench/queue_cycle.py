@@ -316,12 +316,12 @@ def pipeline(system: System, in_flight: int, cycles: int, ramp: int) -> Batch:
         for body in events:
             key, kind = system.classify(body)
             state = started.get(key) if key is not None else None
-            if state is None:
+            if key is None or state is None:
                 batch.strays += 1  # a late duplicate of an earlier cycle, or no cycle's
                 continue
             if kind == FIRST and state[1] == 0:
                 state[1] = 1
-                system.reply(key, body)  # type: ignore[arg-type]
+                system.reply(key, body)
             elif kind == DONE and state[1] == 1:
                 now = clock()
                 del started[key]
@@ -552,8 +552,8 @@ def run(
         by_level: dict[int, dict[str, list[Batch]]] = {
             level: {s.name: [] for s in systems} for level in levels
         }
-        per_round = [cycles // rounds + (1 if r < cycles % rounds else 0) for r in range(rounds)]
-        for r, count in enumerate(per_round):
+        counts = [cycles // rounds + (1 if r < cycles % rounds else 0) for r in range(rounds)]
+        for r, count in enumerate(counts):
             for level in levels:
                 order = systems[r % 2 :] + systems[: r % 2]
                 for system in order:
