@@ -334,3 +334,21 @@ def test_what_must_survive_the_machine_waits_for_the_disk(sql_journal: SqlTurnJo
         ("interlock_turn_lease", True),
         ("interlock_turn_lease", True),
     ]
+
+
+def test_begin_without_on_conflict_takes_more_transactions_same_answers(
+    sql_journal: SqlTurnJournal,
+) -> None:
+    """A database without `ON CONFLICT` gets the portable path: every start counts as a
+    take-over (the journal is always read), and the answers are the same."""
+    sql_journal._insert_if_absent = None
+    assert sql_journal.begin("turn", "w1", ttl=30).kind is TurnStartKind.TAKEN_OVER
+    assert sql_journal.held() == {"turn": "w1"}
+    assert sql_journal.begin("turn", "w2", ttl=30).kind is TurnStartKind.BUSY
+    snapshot_id = _save_turn_end(sql_journal.store, "turn")
+    ended = sql_journal.begin("turn", "w2", ttl=30)
+    assert (ended.kind, ended.snapshot_id, ended.status) == (
+        TurnStartKind.ENDED,
+        snapshot_id,
+        "completed",
+    )

@@ -601,7 +601,8 @@ class SqlSessionStore:
 
     def find_turn(self, turn_id: str) -> Snapshot | None:
         """The snapshot the turn `turn_id` ended with (any status), or None while it
-        has not ended. Workers use it to skip a turn delivered twice."""
+        has not ended. (Workers ask the same question inside the transaction that takes
+        the turn's lease: `SqlTurnJournal.begin`.)"""
         found = self._load(_BY_TURN, {"p_turn": turn_id})
         return found[0] if found else None
 
