@@ -6,6 +6,7 @@ import json
 import math
 import platform
 import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from importlib import metadata
@@ -16,6 +17,7 @@ from interlock import Agent, AgentOutput, FinishReason, ToolResume
 
 __all__ = [
     "PROMPT",
+    "approval_decision",
     "banking_agent",
     "emit",
     "interlock_cycle",
@@ -118,3 +120,19 @@ def summarize(latencies_s: Sequence[float]) -> dict[str, float | int]:
 def emit(figures: dict[str, Any]) -> None:
     """Print the benchmark's one JSON line."""
     print(json.dumps(figures, sort_keys=False, default=str), flush=True)
+
+
+def approval_decision(interrupted: dict[str, Any]) -> dict[str, Any]:
+    """The decision a reviewer's dashboard sends for a `turn.interrupted` event (plain
+    JSON): every interrupt restarted with `{"approved": true}`."""
+    return {
+        "schema_version": 1,
+        "decision_id": str(uuid.uuid4()),
+        "snapshot_id": interrupted["snapshot_id"],
+        "resume_token": interrupted["resume_token"],
+        "reviewer": "bench@localhost",
+        "restart": [
+            {"name": i["name"], "ref": i["ref"], "resumed": {"approved": True}}
+            for i in interrupted["interrupts"]
+        ],
+    }

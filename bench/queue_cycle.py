@@ -3,7 +3,7 @@ consumer against a bare-Celery two-hop baseline, on a private redis-server.
 
 One cycle (ours), on a new session each time:
 
-1. submit: `interlock.run_turn` enqueued with the Celery app's `send_task` (what
+1. submit: `interlock.run_turn` enqueued with `workers.app.send_turn` (what
    `interlock submit` does, in this process, so that no CLI start-up is measured);
 2. the worker (`interlock worker --app examples.banking:ai --pool prefork
    --concurrency 2`) runs the turn; it pauses for approval; `turn.interrupted` is read
@@ -52,7 +52,7 @@ from kombu.entity import Queue
 from kombu.message import Message as KombuMessage
 from kombu.messaging import Consumer, Producer
 
-from ._common import emit, percentile
+from ._common import approval_decision, emit, percentile
 from ._services import (
     Process,
     Processes,
@@ -185,7 +185,7 @@ class Ours(System):
         from events.publisher import declare
         from events.topology import event_queue
         from interlock import AgentInput, Message, Part
-        from workers.app import RUN_TURN, create_app
+        from workers.app import create_app, send_turn
         from workers.settings import Settings
         from workers.turns import new_turn_request
 
@@ -196,14 +196,14 @@ class Ours(System):
         queue = event_queue(f"bench.events.{uuid.uuid4().hex[:12]}", "turn.*", durable=False)
         self.reader = Reader(broker_url, queue, settings.transport_options)
         declare(self.reader.conn)  # as a client would: make sure the topology exists
-        self._run_turn = RUN_TURN
+        self._send = send_turn
         self._request = new_turn_request
         self._input = lambda: AgentInput(message=Message(role="user", content=[Part(text=PROMPT)]))
 
     def submit(self) -> str:
         session_id = str(uuid.uuid4())
         request = self._request(AGENT, self._input(), session_id=session_id)
-        self.app.send_task(self._run_turn, args=[request.model_dump(mode="json")])
+        self._send(self.app, request)
         return session_id
 
     def classify(self, body: dict[str, Any]) -> tuple[str | None, str]:
@@ -217,17 +217,7 @@ class Ours(System):
         return body.get("session_id"), OTHER
 
     def reply(self, key: str, body: dict[str, Any]) -> None:
-        decision = {
-            "schema_version": 1,
-            "decision_id": str(uuid.uuid4()),
-            "snapshot_id": body["snapshot_id"],
-            "resume_token": body["resume_token"],
-            "reviewer": "bench@localhost",
-            "restart": [
-                {"name": i["name"], "ref": i["ref"], "resumed": {"approved": True}}
-                for i in body["interrupts"]
-            ],
-        }
+        decision = approval_decision(body)
         self.reader.publish(json.dumps(decision), "interlock.decisions")
 
     def check_done(self, body: dict[str, Any]) -> None:

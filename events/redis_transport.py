@@ -1,12 +1,22 @@
-"""kombu's Redis transport, with one redis client per channel for its commands.
+"""kombu's Redis transport, with one redis client per channel for its commands, and
+publishes routed in one round trip.
 
 kombu's Redis channel builds a new `redis.Redis` for every command it sends outside a
 pipeline (a publish, the topic exchange's bindings lookup, an ack, a queue's size):
 constructing one copies its table of response callbacks, about a fifth of a
 millisecond of CPU, several times for each event and task. A client over a connection
 pool keeps no state of its own between commands and is safe to share, so this channel
-builds one and keeps it until its pool is replaced (after a reconnect). Everything
-else, blocking reads included, is kombu's own.
+builds one and keeps it until its pool is replaced (after a reconnect).
+
+A publish to a topic or direct exchange costs kombu two commands: read the exchange's
+bindings (`SMEMBERS`), then `LPUSH` to each matching queue. This channel sends one
+script that does both on the server (`ROUTE`), with kombu's matching rules: a topic
+binding's words are literal, `*` (one word) or `#` (any run of characters, as kombu's
+regex has it). It is also atomic: a queue bound before the publish gets the message.
+Where the script cannot stand in exactly, kombu's own path runs instead: message
+priorities, queues with an expiry declared on this channel, a dead-letter queue, batched
+publishes, a binding word mixing `*` or `#` with other characters, a broker refusing
+scripts. Everything else, blocking reads included, is kombu's own.
 
 Used for `redis://` and `rediss://` brokers (`transport_for`); other URLs keep their
 transport.
@@ -16,15 +26,70 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
 
 __all__ = ["Channel", "Transport", "transport_for"]
 
 TRANSPORT = "events.redis_transport:Transport"
 
 
+ROUTE = r"""
+local function to_pattern(binding)
+  local words = {}
+  for word in string.gmatch(binding .. '.', '([^.]*)%.') do
+    if word == '*' then
+      words[#words + 1] = '[^%.]+'
+    elseif word == '#' then
+      words[#words + 1] = '.-'
+    elseif string.find(word, '[*#]') then
+      return nil
+    else
+      words[#words + 1] = (string.gsub(word, '(%W)', '%%%1'))
+    end
+  end
+  return '^' .. table.concat(words, '%.') .. '$'
+end
+
+local topic, rkey, body, sep = ARGV[1] == 'topic', ARGV[2], ARGV[3], ARGV[4]
+local queues, seen = {}, {}
+for _, member in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local a = string.find(member, sep, 1, true)
+  local b = a and string.find(member, sep, a + #sep, true)
+  if not b or string.find(member, sep, b + #sep, true) then
+    return -1
+  end
+  local binding, queue = string.sub(member, 1, a - 1), string.sub(member, b + #sep)
+  local hit
+  if topic then
+    local pattern = to_pattern(binding)
+    if pattern == nil then
+      return -1
+    end
+    hit = string.find(rkey, pattern) ~= nil
+  else
+    hit = binding == rkey
+  end
+  if hit and queue ~= '' and not seen[queue] then
+    seen[queue] = true
+    queues[#queues + 1] = queue
+  end
+end
+for _, queue in ipairs(queues) do
+  redis.call('LPUSH', queue, body)
+end
+return #queues
+"""
+"""Route a message like kombu's topic (ARGV[1] == "topic") or direct exchange and push
+it to every matching queue. KEYS[1]: the exchange's bindings; ARGV: exchange type,
+routing key, message, kombu's field separator. Returns how many queues got it, or -1
+(nothing pushed) where kombu's own path must decide."""
+
+
 class Channel(kombu_redis.Channel):
     _shared_client: tuple[Any, Any] | None = None  # (the pool it uses, the client)
+    _route: Any = None  # the registered `ROUTE` script; False once the broker refused it
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:  # blocking reads (BRPOP, pub/sub) keep their own clients
@@ -34,6 +99,37 @@ class Channel(kombu_redis.Channel):
         if shared is None or shared[0] is not pool:
             shared = self._shared_client = (pool, super()._create_client())
         return shared[1]
+
+    def basic_publish(self, message: Any, exchange: str, routing_key: str, **kwargs: Any) -> Any:
+        kind = self.typeof(exchange).type if exchange else None
+        if (
+            kind not in ("topic", "direct")
+            or self._route is False
+            or "_publish_batch" in kwargs
+            or self._expires
+            or self.deadletter_queue is not None
+        ):
+            return super().basic_publish(message, exchange, routing_key, **kwargs)
+        self._inplace_augment_message(message, exchange, routing_key)
+        unprioritized = self.priority(self._get_message_priority(message, reverse=False)) == 0
+        if unprioritized and self._route_in_one_trip(kind, exchange, routing_key, dumps(message)):
+            return None
+        return self.typeof(exchange).deliver(message, exchange, routing_key, **kwargs)
+
+    def _route_in_one_trip(self, kind: str, exchange: str, routing_key: str, body: str) -> bool:
+        """Route and push with `ROUTE`; False when kombu's path must do it instead."""
+        client = self._create_client()
+        if self._route is None:
+            self._route = client.register_script(ROUTE)
+        key = self.keyprefix_queue % (exchange,)
+        try:
+            pushed = self._route(
+                keys=[key], args=[kind, routing_key, body, self.sep], client=client
+            )
+        except redis.exceptions.ResponseError:
+            self._route = False  # scripts refused (disabled, or no EVAL): kombu's path
+            return False
+        return int(pushed) >= 0
 
 
 class Transport(kombu_redis.Transport):

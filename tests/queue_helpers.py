@@ -328,7 +328,7 @@ class Submitter:
 
     def __call__(self, text: str, session_id: str | None = None) -> str:
         from interlock import AgentInput, Message, Part
-        from workers.app import RUN_TURN
+        from workers.app import send_turn
         from workers.turns import new_turn_request
 
         session_id = session_id or str(uuid.uuid4())
@@ -337,7 +337,7 @@ class Submitter:
             AgentInput(message=Message(role="user", content=[Part(text=text)])),
             session_id=session_id,
         )
-        self.app.send_task(RUN_TURN, args=[request.model_dump(mode="json")])
+        send_turn(self.app, request)
         return session_id
 
     def close(self) -> None:

@@ -184,6 +184,24 @@ def test_claim_and_accepted_record_commit_together(rig: Rig) -> None:
     assert [e.model_dump() for e in rig.published()] == [event.model_dump()]
 
 
+def test_enqueued_resume_shows_its_ids_not_its_input(rig: Rig) -> None:
+    """Celery puts a task's `argsrepr` in its headers, for worker logs and monitoring
+    tools. The resume's names the turn, agent and snapshot, and carries none of the
+    reviewer's answer (the arguments themselves still do)."""
+    body = rig.paused(6)
+    body["restart"][0]["resumed"] = {"approved": True, "note": "secret-reviewer-note"}
+    rig.consumer().handle(raw(body), "application/json", {})
+    [message] = _drain(rig.turns)
+    [request], _kwargs, _embed = message.decode()
+    summary = message.headers["argsrepr"]
+    assert summary == (
+        f"(turn={request['turn_id']} agent={AGENT} snapshot={body['snapshot_id']} resume)"
+    )
+    assert "secret-reviewer-note" not in summary
+    assert "secret-reviewer-note" in json.dumps(request)
+    assert message.headers["kwargsrepr"] == "{}"
+
+
 def test_rejected_decision_claims_nothing(rig: Rig) -> None:
     """A decision that breaks a rule is recorded as rejected and claims nothing; the
     snapshot it named is then accepted for another decision."""

@@ -231,7 +231,7 @@ class Submitter:
 
     def __call__(self, **plan: Any) -> Submitted:
         from interlock import AgentInput, Message, Part
-        from workers.app import RUN_TURN
+        from workers.app import send_turn
         from workers.turns import new_turn_request
 
         full = Plan(tag=plan.pop("tag", None) or f"t-{uuid.uuid4().hex[:12]}", **plan)
@@ -241,7 +241,7 @@ class Submitter:
             AgentInput(message=Message(role="user", content=[Part(text=full.model_dump_json())])),
             session_id=session_id,
         )
-        self.app.send_task(RUN_TURN, args=[request.model_dump(mode="json")])
+        send_turn(self.app, request)
         turn = Submitted(full.tag, session_id, request.turn_id, full)
         self.turns[session_id] = turn
         return turn

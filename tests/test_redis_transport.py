@@ -1,5 +1,6 @@
 """The Redis transport of workers and consumers: kombu's, with one redis client per
-channel for its commands instead of one per command."""
+channel for its commands instead of one per command, and publishes routed by one
+server-side script with kombu's matching rules."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kombu import Connection, Exchange, Queue
+from kombu.transport.virtual.exchange import TopicExchange
 
 from events.publisher import Publisher
-from events.redis_transport import Channel, Transport, transport_for
+from events.redis_transport import ROUTE, Channel, Transport, transport_for
 from events.topology import EVENTS
 from workers.app import create_app
 from workers.runtime import Runtime
@@ -82,3 +86,139 @@ def test_a_new_pool_gets_a_new_client(redis_url: str, clients_built: list[int]) 
         assert second is not None and second[0] is not first[0] and second[1] is not first[1]
         assert [bound.get(no_ack=True).payload["a"] for _ in range(2)] == [1, 2]
         bound.delete()
+
+
+# ------------------------------------------------------------ routing in one round trip
+
+SEP = Channel.sep
+WORDS = ["turn", "decision", "a", "b", "", "x-y", "a+b", "v1.2", "é", "*", "#"]
+
+
+def _kombu_topic_match(binding: str, routing_key: str) -> bool:
+    exchange = TopicExchange(None)
+    return exchange._match(exchange.key_to_pattern(binding), routing_key) is not None
+
+
+def _keys(words: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    return st.lists(words, min_size=1, max_size=4).map(".".join)
+
+
+@pytest.fixture(scope="module")
+def route(redis_url: str) -> Any:
+    client = redis.Redis.from_url(redis_url)
+    return client, client.register_script(ROUTE)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    bindings=st.lists(_keys(st.sampled_from(WORDS)), min_size=1, max_size=5),
+    routing_key=_keys(st.sampled_from(WORDS[:-2])),
+    kind=st.sampled_from(["topic", "direct"]),
+)
+def test_the_script_routes_as_kombu_does(
+    route: Any, bindings: list[str], routing_key: str, kind: str
+) -> None:
+    """Whatever the bindings, the script pushes to exactly the queues kombu's topic
+    (regex) or direct matching picks, each once."""
+    client, script = route
+    tag = uuid.uuid4().hex
+    table = f"test.table.{tag}"
+    members = [f"{b}{SEP}pattern-unused{SEP}test.q.{tag}.{i % 3}" for i, b in enumerate(bindings)]
+    client.sadd(table, *members)
+    try:
+        pushed = script(keys=[table], args=[kind, routing_key, "body", SEP])
+        queues = {f"test.q.{tag}.{i}": client.llen(f"test.q.{tag}.{i}") for i in range(3)}
+    finally:
+        client.delete(table, *(f"test.q.{tag}.{i}" for i in range(3)))
+    match = _kombu_topic_match if kind == "topic" else str.__eq__
+    wanted = {
+        m.rsplit(SEP, 1)[1] for m, b in zip(members, bindings, strict=True) if match(b, routing_key)
+    }
+    assert pushed == len(wanted)
+    assert {q for q, n in queues.items() if n} == wanted
+    assert all(n <= 1 for n in queues.values())
+
+
+@pytest.mark.parametrize("binding", ["turn.a*", "#x.turn", "turn.*#"])
+def test_a_binding_the_script_cannot_read_leaves_it_to_kombu(route: Any, binding: str) -> None:
+    """A word mixing `*` or `#` with other characters (kombu makes a regex of it): the
+    script pushes nothing and answers -1, and the channel takes kombu's path."""
+    client, script = route
+    tag = uuid.uuid4().hex
+    table, queue = f"test.table.{tag}", f"test.q.{tag}"
+    client.sadd(table, f"turn.#{SEP}p{SEP}{queue}", f"{binding}{SEP}p{SEP}{queue}.2")
+    try:
+        assert script(keys=[table], args=["topic", "turn.x", "body", SEP]) == -1
+        assert client.llen(queue) == 0
+    finally:
+        client.delete(table, queue)
+
+
+@pytest.mark.parametrize("transport", [Transport, "redis"])
+def test_publishes_reach_the_same_queues_with_either_transport(
+    redis_url: str, transport: Any
+) -> None:
+    """Ours and kombu's stock transport, on real bindings: every queue bound with a
+    matching pattern gets each message once, in order; the others get none. A
+    binding kombu alone can read (`turn.x*`) and a prioritized message go kombu's way,
+    with the same result."""
+    tag = uuid.uuid4().hex
+    exchange = Exchange(f"test.topic.{tag}", type="topic")
+    patterns = ["#", "turn.*", "turn.#", "decision.#", "turn.completed", "*.failed", "nothing"]
+    with Connection(redis_url, transport=transport) as conn:
+        channel = conn.default_channel
+        bound = [
+            Queue(f"test.q.{tag}.{i}", exchange, routing_key=p).bind(channel)
+            for i, p in enumerate(patterns)
+        ]
+        for queue in bound:
+            queue.declare()
+        producer = conn.Producer()
+        keys = ["turn.completed", "turn.failed", "decision.accepted", "turn.x.y"]
+        for n, key in enumerate(keys):
+            producer.publish(
+                {"n": n}, exchange=exchange, routing_key=key, priority=9 if n == 3 else None
+            )
+        got = {}
+        for queue, pattern in zip(bound, patterns, strict=True):
+            got[pattern] = []
+            while (message := queue.get(no_ack=True)) is not None:
+                got[pattern].append(message.payload["n"])
+            queue.delete()
+    assert got == {
+        "#": [0, 1, 2, 3],
+        "turn.*": [0, 1],
+        "turn.#": [0, 1, 3],
+        "decision.#": [2],
+        "turn.completed": [0],
+        "*.failed": [1],
+        "nothing": [],
+    }
+
+
+def test_a_broker_refusing_scripts_gets_kombus_two_commands(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where EVAL is refused (a managed Redis may disable it), the channel falls back to
+    kombu's lookup and push for that publish and every later one."""
+    calls: list[str] = []
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append("eval")
+        raise redis.exceptions.ResponseError("unknown command 'evalsha'")
+
+    monkeypatch.setattr(redis.commands.core.Script, "__call__", refuse)
+    tag = uuid.uuid4().hex
+    exchange = Exchange(f"test.topic.{tag}", type="topic")
+    with Connection(redis_url, transport=Transport) as conn:
+        queue = Queue(f"test.q.{tag}", exchange, routing_key="turn.*").bind(conn.default_channel)
+        queue.declare()
+        producer = conn.Producer()
+        for n in range(3):
+            producer.publish({"n": n}, exchange=exchange, routing_key="turn.done")
+        received = [queue.get(no_ack=True).payload["n"] for _ in range(3)]
+        queue.delete()
+    assert received == [0, 1, 2]
+    assert calls == ["eval"], "refused once, then not asked again"

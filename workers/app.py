@@ -10,12 +10,13 @@ from sqlalchemy.exc import OperationalError as DatabaseError
 
 from events.topology import TURNS, TURNS_QUEUE
 from interlock import Interlock
+from schemas import TurnRequest
 
 from .runtime import Runtime
 from .settings import Settings
 from .turns import TurnBusy, run_turn
 
-__all__ = ["RUN_TURN", "create_app", "delivery_config", "runtime_of"]
+__all__ = ["RUN_TURN", "create_app", "delivery_config", "runtime_of", "send_turn", "turn_summary"]
 
 RUN_TURN = "interlock.run_turn"
 
@@ -78,3 +79,25 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
 def runtime_of(app: Celery) -> Runtime:
     runtime: Runtime = app.interlock_runtime
     return runtime
+
+
+def turn_summary(request: TurnRequest) -> str:
+    """What a task's `argsrepr` shows of a turn (worker logs, monitoring tools): its ids,
+    never its input, which holds user text and reviewers' answers."""
+    where = (
+        f"snapshot={request.snapshot_id}"
+        if request.snapshot_id is not None
+        else f"session={request.session_id}"
+    )
+    kind = "resume" if request.input.get("resume") is not None else "message"
+    return f"(turn={request.turn_id} agent={request.agent} {where} {kind})"
+
+
+def send_turn(app: Celery, request: TurnRequest) -> None:
+    """Enqueue `request` as an `interlock.run_turn` task (JSON arguments)."""
+    app.send_task(
+        RUN_TURN,
+        args=[request.model_dump(mode="json")],
+        argsrepr=turn_summary(request),
+        kwargsrepr="{}",
+    )

@@ -242,7 +242,7 @@ def submit(
     session_id: str | None,
 ) -> None:
     """Enqueue a turn; prints {"turn_id", "session_id"}."""
-    from .app import RUN_TURN, create_app, runtime_of
+    from .app import create_app, runtime_of, send_turn
     from .turns import new_turn_request
 
     settings = settings_of(app, broker, store)
@@ -255,7 +255,7 @@ def submit(
         AgentInput(message=Message(role="user", content=[Part(text=text)])),
         session_id=session_id,
     )
-    celery_app.send_task(RUN_TURN, args=[request.model_dump(mode="json")])
+    send_turn(celery_app, request)
     emit({"turn_id": request.turn_id, "session_id": session_id})
 
 

@@ -29,7 +29,7 @@ from schemas import (
     TurnRequest,
 )
 
-from .app import RUN_TURN, runtime_of
+from .app import runtime_of, send_turn
 from .decisions import ParseFailure, evaluate, parse_decision, resume_request
 
 __all__ = ["EnqueueError", "ResumeConsumer"]
@@ -224,7 +224,7 @@ class ResumeConsumer(ConsumerMixin):
 
     def _enqueue(self, request: TurnRequest) -> None:
         try:
-            self.app.send_task(RUN_TURN, args=[request.model_dump(mode="json")])
+            send_turn(self.app, request)
         except Exception as exc:
             # Whatever the error's type, retrying is the answer: the outcome is recorded,
             # so dead-lettering (a second, different outcome) must not happen.

@@ -88,7 +88,7 @@ def run_on_queues(
     from interlock import AgentInput, Message
     from schemas import Decision, RestartEntry, TurnInterrupted
 
-    from .app import RUN_TURN, create_app, runtime_of
+    from .app import create_app, runtime_of, send_turn
     from .consumer import ResumeConsumer
     from .settings import Settings
     from .turns import new_turn_request
@@ -138,7 +138,7 @@ def run_on_queues(
             AgentInput(message=Message(role="user", content=[Part(text=text)])),
             session_id=session_id,
         )
-        app.send_task(RUN_TURN, args=[request.model_dump(mode="json")])
+        send_turn(app, request)
         _hop(f"▶  submit: {text!r} → interlock.turns (turn {request.turn_id[:8]})")
         publisher = Publisher(conn)
         in_session = lambda e: e.session_id == session_id  # noqa: E731

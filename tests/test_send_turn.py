@@ -1,0 +1,43 @@
+"""`send_turn` on a real Redis: the task message a worker reads, JSON arguments, and a
+summary for logs and monitoring tools that shows ids, not what users wrote."""
+
+from __future__ import annotations
+
+import uuid
+
+from kombu.connection import Connection
+
+from events.topology import TURNS_QUEUE
+from examples.banking import ai
+from interlock import AgentInput, Message, Part
+from schemas import TurnRequest
+from workers.app import RUN_TURN, create_app, send_turn
+from workers.settings import Settings
+from workers.turns import new_turn_request
+
+
+def test_a_submitted_turn_carries_json_arguments_and_an_id_summary(redis_url: str) -> None:
+    app = create_app(Settings(broker_url=redis_url, store_url="sqlite://"), ai)
+    session_id = str(uuid.uuid4())
+    request = new_turn_request(
+        "bankingAgent",
+        AgentInput(message=Message(role="user", content=[Part(text="my PIN is 4321")])),
+        session_id=session_id,
+    )
+    with Connection(redis_url) as conn:
+        turns = conn.SimpleQueue(TURNS_QUEUE)
+        turns.clear()
+        try:
+            send_turn(app, request)
+            message = turns.get(timeout=10)
+            message.ack()
+        finally:
+            turns.close()
+    assert message.content_type == "application/json"
+    assert message.headers["task"] == RUN_TURN
+    [sent], kwargs, _embed = message.decode()
+    assert kwargs == {}
+    assert TurnRequest.model_validate(sent) == request
+    summary = message.headers["argsrepr"]
+    assert summary == f"(turn={request.turn_id} agent=bankingAgent session={session_id} message)"
+    assert "4321" not in summary
