@@ -24,6 +24,7 @@ transport.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import redis
@@ -33,6 +34,8 @@ from kombu.utils.json import dumps
 __all__ = ["Channel", "Transport", "transport_for"]
 
 TRANSPORT = "events.redis_transport:Transport"
+
+log = logging.getLogger("interlock.transport")
 
 
 ROUTE = r"""
@@ -126,8 +129,11 @@ class Channel(kombu_redis.Channel):
             pushed = self._route(
                 keys=[key], args=[kind, routing_key, body, self.sep], client=client
             )
-        except redis.exceptions.ResponseError:
+        except redis.exceptions.ResponseError as exc:
             self._route = False  # scripts refused (disabled, or no EVAL): kombu's path
+            log.warning(
+                "Redis refused the routing script (%s); publishing with kombu's lookup", exc
+            )
             return False
         return int(pushed) >= 0
 

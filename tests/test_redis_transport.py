@@ -199,7 +199,7 @@ def test_publishes_reach_the_same_queues_with_either_transport(
 
 
 def test_a_broker_refusing_scripts_gets_kombus_two_commands(
-    redis_url: str, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Where EVAL is refused (a managed Redis may disable it), the channel falls back to
     kombu's lookup and push for that publish and every later one."""
@@ -222,3 +222,5 @@ def test_a_broker_refusing_scripts_gets_kombus_two_commands(
         queue.delete()
     assert received == [0, 1, 2]
     assert calls == ["eval"], "refused once, then not asked again"
+    [warning] = [r for r in caplog.records if r.name == "interlock.transport"]
+    assert "refused the routing script (unknown command 'evalsha')" in warning.getMessage()
