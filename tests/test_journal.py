@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from sqlalchemy import event as sqla_event
 
 from interlock import (
     FinishReason,
@@ -248,6 +249,30 @@ def test_begin_takes_the_lease_once_per_turn(sql_journal: SqlTurnJournal) -> Non
     assert holder is not None and holder[0] == "w1"
 
 
+def test_a_first_delivery_costs_one_statement(sql_journal: SqlTurnJournal) -> None:
+    """The usual start, a turn never run: "has it ended?" and "take its lease" are one
+    INSERT; the other answers are found only when it took nothing."""
+    statements: list[str] = []
+
+    def record(_c: Any, _cur: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement.split()[0])
+
+    engine = sql_journal.store.engine
+    sqla_event.listen(engine, "before_cursor_execute", record)
+    try:
+        assert sql_journal.begin("turn", "w1", ttl=30).kind is TurnStartKind.NEW
+        assert statements == ["INSERT"]
+        statements.clear()
+        assert sql_journal.begin("turn", "w2", ttl=30).kind is TurnStartKind.BUSY
+        assert statements == ["INSERT", "SELECT", "UPDATE"]
+    finally:
+        sqla_event.remove(engine, "before_cursor_execute", record)
+    _save_turn_end(sql_journal.store, "ended-turn")
+    ended = sql_journal.begin("ended-turn", "w1", ttl=30)
+    assert (ended.kind, ended.snapshot_id) == (TurnStartKind.ENDED, "snap-ended-turn")
+    assert sql_journal.holder("ended-turn") is None, "an ended turn takes no lease"
+
+
 def test_the_snapshot_ending_a_turn_gives_up_its_lease_and_journal(
     sql_journal: SqlTurnJournal,
 ) -> None:
@@ -341,7 +366,7 @@ def test_begin_without_on_conflict_takes_more_transactions_same_answers(
 ) -> None:
     """A database without `ON CONFLICT` gets the portable path: every start counts as a
     take-over (the journal is always read), and the answers are the same."""
-    sql_journal._insert_if_absent = None
+    sql_journal._insert_if_new = None
     assert sql_journal.begin("turn", "w1", ttl=30).kind is TurnStartKind.TAKEN_OVER
     assert sql_journal.held() == {"turn": "w1"}
     assert sql_journal.begin("turn", "w2", ttl=30).kind is TurnStartKind.BUSY

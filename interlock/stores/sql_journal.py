@@ -10,7 +10,8 @@ and does not run it concurrently. A lease whose holder died expires, and the nex
 delivery takes over, replaying the journal.
 
 A worker's turn costs few transactions: `begin` checks that the turn has not ended and
-takes its lease in one write transaction; the snapshot that ends the turn deletes the
+takes its lease in one write transaction (one statement, for a turn delivered the first
+time); the snapshot that ends the turn deletes the
 lease and the turn's journal entries in its own transaction (a save hook); `end`
 writes only when no snapshot did (the turn was refused, or the run raised), and then
 expires the lease instead of deleting it, so that the next delivery knows an earlier
@@ -36,6 +37,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     delete,
+    exists,
     insert,
     or_,
     select,
@@ -102,18 +104,28 @@ _RECORD = insert(_JOURNAL)
 
 
 @cache
-def _insert_lease_if_absent(dialect: str) -> Insert | None:
-    """INSERT .. ON CONFLICT (turn_id) DO NOTHING RETURNING turn_id, where the dialect
-    has it: a row comes back when this insert took the lease (psycopg reports no
-    rowcount for an insert without RETURNING)."""
+def _insert_lease_if_new(dialect: str) -> Insert | None:
+    """The lease of a turn that no snapshot carries yet and no run has leased, in one
+    statement where the dialect has `ON CONFLICT`: INSERT .. SELECT .. WHERE NOT EXISTS
+    (a snapshot with this turn id) ON CONFLICT (turn_id) DO NOTHING RETURNING turn_id.
+    A row comes back when it took the lease (psycopg reports no rowcount for an insert
+    without RETURNING); none when the turn ended or a lease row exists."""
     stmt: Insert
     if dialect == "postgresql":
-        stmt = postgresql.insert(_LEASE).on_conflict_do_nothing(index_elements=[_LEASE.c.turn_id])
+        stmt = postgresql.insert(_LEASE)
     elif dialect == "sqlite":
-        stmt = sqlite.insert(_LEASE).on_conflict_do_nothing(index_elements=[_LEASE.c.turn_id])
+        stmt = sqlite.insert(_LEASE)
     else:
         return None
-    return stmt.returning(_LEASE.c.turn_id)
+    new = select(
+        bindparam("p_turn", type_=_LEASE.c.turn_id.type),
+        bindparam("p_owner", type_=_LEASE.c.owner.type),
+        bindparam("p_until", type_=_LEASE.c.expires_at.type),
+    ).where(~exists().where(_SNAP.c.turn_id == bindparam("p_turn")))
+    stmt = stmt.from_select(["turn_id", "owner", "expires_at"], new)
+    return stmt.on_conflict_do_nothing(index_elements=[_LEASE.c.turn_id]).returning(
+        _LEASE.c.turn_id
+    )
 
 
 class TurnStartKind(enum.Enum):
@@ -142,7 +154,7 @@ class SqlTurnJournal:
     def __init__(self, store: SqlSessionStore) -> None:
         self.store = store
         store.create_all(journal_metadata)
-        self._insert_if_absent = _insert_lease_if_absent(store.engine.dialect.name)
+        self._insert_if_new = _insert_lease_if_new(store.engine.dialect.name)
         self._held: dict[str, str] = {}  # turn id -> owner, leases `begin` took here
         self._held_lock = threading.Lock()
         store.add_save_hook(self._on_save)
@@ -180,18 +192,16 @@ class SqlTurnJournal:
         already carries the turn id, else take its lease for `ttl` seconds (NEW or
         TAKEN_OVER), else BUSY. A lease taken here is renewed by `renew_held` and given
         up by the snapshot that ends the turn, or by `end`."""
-        if self._insert_if_absent is None:
+        if self._insert_if_new is None:
             return self._begin_portable(turn_id, owner, ttl)
         now = utcnow()
         params = {"p_turn": turn_id, "p_owner": owner, "p_now": now}
         params["p_until"] = now + timedelta(seconds=ttl)
         with self.store.writer(relaxed=True).begin() as conn:
-            ended = conn.execute(_ENDED, params).first()
-            if ended is not None:
-                return TurnStart(TurnStartKind.ENDED, str(ended[0]), str(ended[1]))
-            row = {"turn_id": turn_id, "owner": owner, "expires_at": params["p_until"]}
-            if conn.execute(self._insert_if_absent, row).first() is not None:
+            if conn.execute(self._insert_if_new, params).first() is not None:
                 kind = TurnStartKind.NEW  # the usual case: one statement
+            elif (ended := conn.execute(_ENDED, params).first()) is not None:
+                return TurnStart(TurnStartKind.ENDED, str(ended[0]), str(ended[1]))
             elif conn.execute(_TAKE, params).rowcount == 1:
                 kind = TurnStartKind.TAKEN_OVER
             else:
