@@ -109,7 +109,7 @@ class Channel(kombu_redis.Channel):
             kind not in ("topic", "direct")
             or self._route is False
             or "_publish_batch" in kwargs
-            or self._expires
+            or getattr(self, "_expires", None)
             or self.deadletter_queue is not None
         ):
             return super().basic_publish(message, exchange, routing_key, **kwargs)
