@@ -224,3 +224,22 @@ def test_a_broker_refusing_scripts_gets_kombus_two_commands(
     assert calls == ["eval"], "refused once, then not asked again"
     [warning] = [r for r in caplog.records if r.name == "interlock.transport"]
     assert "refused the routing script (unknown command 'evalsha')" in warning.getMessage()
+
+
+def test_a_queue_with_an_expiry_declared_here_keeps_kombus_path(redis_url: str) -> None:
+    """kombu refreshes the expiry of a queue declared with `expires` on the publishing
+    channel at each publish; the script does not, so such a channel publishes kombu's
+    way: the message arrives and the queue's key carries its TTL."""
+    tag = uuid.uuid4().hex
+    exchange = Exchange(f"test.topic.{tag}", type="topic")
+    queue = Queue(f"test.q.{tag}", exchange, routing_key="turn.*", expires=60)
+    client = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport=Transport) as conn:
+        bound = queue.bind(conn.default_channel)
+        bound.declare()
+        conn.Producer().publish({"n": 1}, exchange=exchange, routing_key="turn.done")
+        ttl = client.pttl(queue.name)
+        message = bound.get(no_ack=True)
+        bound.delete()
+    assert message is not None and message.payload == {"n": 1}
+    assert 0 < ttl <= 60_000
