@@ -32,7 +32,7 @@ format: $(STAMP) ## apply ruff format and autofixes
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-typecheck: $(STAMP) ## mypy strict on the packages
+typecheck: $(STAMP) ## mypy strict on the packages and the tests
 	$(BIN)/mypy
 
 schemas: $(STAMP) ## regenerate docs/schemas from the message models

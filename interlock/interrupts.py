@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -49,6 +49,10 @@ def interrupt(
     raise ToolInterrupt(value, seconds(expires_in))
 
 
+@overload
+def interrupt_as(part: Part, type_: type[T]) -> T | None: ...
+@overload
+def interrupt_as(part: Part, type_: Any) -> Any: ...
 def interrupt_as(part: Part, type_: type[T] | Any) -> T | None:
     """The typed payload of an interrupt part, or None when `part` is no interrupt
     or its payload does not validate as `type_`."""

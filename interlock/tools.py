@@ -8,7 +8,7 @@ import inspect
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -157,7 +157,13 @@ class Tool(Generic[In, Out]):
                 f"part belongs to {got!r}, not to tool {self.name!r}",
             )
 
-    def interrupt_as(self, part: Part, type_: type[T] | Any = None) -> T | None:
+    @overload
+    def interrupt_as(self, part: Part, type_: None = None) -> dict[str, Any] | None: ...
+    @overload
+    def interrupt_as(self, part: Part, type_: type[T]) -> T | None: ...
+    @overload
+    def interrupt_as(self, part: Part, type_: Any) -> Any: ...
+    def interrupt_as(self, part: Part, type_: Any = None) -> Any:
         """The payload of `part` when it is an interrupt of this tool (typed as `type_`)."""
         if part.tool_request is None or part.tool_request.name != self.name:
             return None

@@ -16,7 +16,7 @@ import contextlib
 import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from services import free_port
 from sqlalchemy import event as sqla_event
 from sqlalchemy import text
 from sqlalchemy.engine import Connection as DbConnection
+from sqlalchemy.engine import Row
 from sqlalchemy.exc import OperationalError
 
 from events.decision_log import DecisionLog
@@ -107,7 +108,7 @@ class Rig:
         assert snapshot is not None
         return snapshot.resumed_by
 
-    def rows(self, decision_id: str) -> list[Any]:
+    def rows(self, decision_id: str) -> Sequence[Row[Any]]:
         with self.rt.store.engine.connect() as conn:
             return conn.execute(
                 text("SELECT outcome, event_body FROM interlock_decision WHERE decision_id = :d"),
@@ -125,7 +126,7 @@ class Rig:
 
 
 def _drain(simple: Any) -> list[Any]:
-    messages = []
+    messages: list[Any] = []
     while True:
         try:
             message = simple.get_nowait()

@@ -12,14 +12,14 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from services import eventually
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import NullPool, QueuePool
 from test_consumer_commit import Rig
 
 from events.topology import DECISIONS_DEAD
@@ -90,7 +90,7 @@ def test_decision_delivered_while_the_database_is_away_is_requeued_then_accepted
     # The consumer has read the store before: its pool holds connections to lose.
     assert consumer.rt.store.get_snapshot(body["snapshot_id"]) is not None
     assert consumer.rt.decisions.get(body["decision_id"]) is None
-    assert consumer.rt.store.engine.pool.checkedin() >= 1
+    assert cast(QueuePool, consumer.rt.store.engine.pool).checkedin() >= 1
     rig.rt.publisher.publish_decision(body)
     message = rig.decisions.get(timeout=REQUEUED_TIMEOUT)
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 import pytest
@@ -494,26 +494,30 @@ def account(
         for snap in snaps:  # a pause that a turn went on from was claimed by its decision
             went_on = [c for c in snaps if c.parent_id == snap.snapshot_id and c.status != "failed"]
             assert not went_on or snap.resumed_by is not None, (turn.tag, snaps)
-        seen = dash.unique(lambda e, s=turn.session_id: e.session_id == s)
+
+        def in_session(e: EventBase, s: str = turn.session_id) -> bool:
+            return e.session_id == s
+
+        seen = dash.unique(in_session)
         by_snapshot = Counter(e.snapshot_id for e in seen if e.type.startswith("turn."))
         for snap in snaps:  # each snapshot's event went out, once (unique ids)
             want = 1 if snap.status != "expired" else 2  # turn.interrupted, turn.expired
             assert by_snapshot[snap.snapshot_id] == want, (turn.tag, snap, seen)
         ended = {s.snapshot_id for s in snaps if (s.status, s.finish_reason) in ENDINGS}
         finals = [e.snapshot_id for e in seen if e.type in FINAL]
-        assert sorted(finals) == sorted(ended), (turn.tag, finals, snaps)
+        assert sorted(cast(list[str], finals)) == sorted(ended), (turn.tag, finals, snaps)
         assert db.effects(turn.tag) <= 1, turn.tag
         tally.final[turn.session_id] = last
     for decision_id in decisions:
         events = dash.outcomes(decision_id)
         assert events, f"no outcome for decision {decision_id}"
-        kinds = {e.type for e in events}
-        assert len(kinds) == 1, (decision_id, events)
+        event_types = {e.type for e in events}
+        assert len(event_types) == 1, (decision_id, events)
         if not reevaluated:
             assert len({e.event_id for e in events}) == 1, (decision_id, events)
         [row] = db.decisions(decision_id)
-        assert row.outcome == next(iter(kinds)).removeprefix("decision."), (row, events)
-        tally.outcomes[decision_id] = next(iter(kinds))
+        assert row.outcome == next(iter(event_types)).removeprefix("decision."), (row, events)
+        tally.outcomes[decision_id] = next(iter(event_types))
     return tally
 
 
@@ -1117,10 +1121,11 @@ def test_text_no_database_can_keep_is_refused_before_the_claim(
         [nameless] = dash.outcomes(None)
         assert "lone surrogate" in nameless.model_dump()["error"]["message"]
         for body in (output, resumed, bad_id):
-            dead.wait(
-                lambda m, n=str(body["decision_id"]): m["headers"].get("x-fuzz-nonce") == n,
-                "a dead letter",
-            )
+
+            def tagged(m: dict[str, Any], n: str = str(body["decision_id"])) -> bool:
+                return bool(m["headers"].get("x-fuzz-nonce") == n)
+
+            dead.wait(tagged, "a dead letter")
     finally:
         dead.close()
     assert db.snapshot(paused.snapshot_id).resumed_by is None
@@ -1216,9 +1221,11 @@ def test_fuzzing_the_decisions_queue(stack: FaultStack, dash: FaultDashboard, db
             and event.snapshot_id is None
         }
         for nonce in unreadable:
-            dead.wait(
-                lambda m, n=nonce: m.get("headers", {}).get("x-fuzz-nonce") == n, "a dead letter"
-            )
+
+            def tagged(m: dict[str, Any], n: str = nonce) -> bool:
+                return bool(m.get("headers", {}).get("x-fuzz-nonce") == n)
+
+            dead.wait(tagged, "a dead letter")
         lettered = {m[0].get("headers", {}).get("x-fuzz-nonce") for m in dead.seen}
         for nonce, message, event in sent:
             if nonce in lettered:

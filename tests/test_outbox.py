@@ -8,7 +8,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kombu.connection import Connection
@@ -327,7 +327,7 @@ def test_savepoint_rolled_back_publishes_nothing_of_it(
     sweeper = OutboxRelay(outbox, relay.publisher, sweep_grace=0, sweep_interval=0)
     sweeper.flush()
     published += [e.agent for e in read_until(events_seen, relay)]
-    assert sorted(published) == ["after", "before"]
+    assert sorted(cast(list[str], published)) == ["after", "before"]
 
 
 # -------------------------------------------------------------- failures, death

@@ -9,7 +9,7 @@ import base64
 import json
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from queue_helpers import (
@@ -21,7 +21,7 @@ from queue_helpers import (
     module_stack,
 )
 
-from schemas import MAX_DECISION_BYTES, Status
+from schemas import MAX_DECISION_BYTES, DecisionRejected, Status
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def dash(stack: QueueStack, request: pytest.FixtureRequest) -> Iterator[Dashboar
 def rejected(dash: Dashboard, body: dict[str, Any], status: Status, *words: str) -> Any:
     """Publish `body`; its one outcome must be decision.rejected with `status`."""
     dash.publish_json(body)
-    event = dash.outcome(body["decision_id"])
+    event = cast(DecisionRejected, dash.outcome(body["decision_id"]))
     assert event.type == "decision.rejected", event.model_dump_json()
     assert event.error.status == status, event.model_dump_json()
     for word in words:

@@ -15,7 +15,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from queue_helpers import (
@@ -33,7 +33,7 @@ from queue_helpers import (
 from services import eventually
 from sqlalchemy import create_engine, text
 
-from schemas import DecisionRejected, ErrorInfo, Status, TurnExpired
+from schemas import DecisionRejected, ErrorInfo, Status, TurnExpired, TurnInterrupted
 
 # -------------------------------------------------------------------------- fixtures
 
@@ -219,7 +219,7 @@ def test_repausing_after_the_resume(dash: Dashboard) -> None:
     [one] = first.interrupts
     assert one.input == {"amount": 1.0, "toAccount": "a"}
 
-    second = dash.resolve(first)
+    second = cast(TurnInterrupted, dash.resolve(first))
     assert second.type == "turn.interrupted", second.model_dump_json()
     assert second.snapshot_id != first.snapshot_id
     assert second.resume_token and second.resume_token != first.resume_token

@@ -11,7 +11,8 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kombu import Connection, Exchange, Queue
+from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
 from kombu.transport.virtual.exchange import TopicExchange
 
 from events.publisher import Publisher
@@ -181,7 +182,7 @@ def test_publishes_reach_the_same_queues_with_either_transport(
             producer.publish(
                 {"n": n}, exchange=exchange, routing_key=key, priority=9 if n == 3 else None
             )
-        got = {}
+        got: dict[str, list[Any]] = {}
         for queue, pattern in zip(bound, patterns, strict=True):
             got[pattern] = []
             while (message := queue.get(no_ack=True)) is not None:

@@ -4,6 +4,7 @@ import base64
 import json
 import logging
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -98,10 +99,11 @@ def test_forged_history_is_permission_denied() -> None:
     forged = f"{version}.{encode_body(data)}.{signature}"
     assert forged != out.state
     reply = tool.resume(out.interrupts[0], ApprovalReply(approved=True))
-    for run in (
+    runs: tuple[Callable[[], object], ...] = (
         lambda: agent.run(ToolResume(restart=[reply]), state=forged),
         lambda: agent.run_text("hello", state=forged),
-    ):
+    )
+    for run in runs:
         with pytest.raises(StatusError) as info:
             run()
         assert info.value.status is Status.PERMISSION_DENIED

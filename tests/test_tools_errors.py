@@ -2,7 +2,8 @@
 
 import json
 import pickle
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 from pydantic import BaseModel
@@ -380,10 +381,11 @@ def test_resume_validates_resume_data() -> None:
 
 def test_builders_check_the_part_belongs_to_the_tool() -> None:
     other = interrupt_part(name="other")
-    for build in (
+    builds: tuple[Callable[[], Part], ...] = (
         lambda: transferMoney.respond(other, TransferOutput(success=True)),
         lambda: transferMoney.resume(other, ApprovalReply(approved=True)),
-    ):
+    )
+    for build in builds:
         with pytest.raises(StatusError) as info:
             build()
         assert info.value.status is Status.INVALID_ARGUMENT
@@ -506,7 +508,7 @@ def test_errors_json_roundtrip(err: StatusError) -> None:
     assert type(back) is type(err)
     assert (back.status, back.message) == (err.status, err.message)
     if isinstance(err, ToolFailedError):
-        assert back.tool_name == ""  # not carried by {"status", "message"}
+        assert cast(ToolFailedError, back).tool_name == ""  # not carried by {"status", "message"}
     generic = error_from_info(data)
     assert (generic.status, generic.message) == (err.status, err.message)
     info = err.to_info()
