@@ -317,73 +317,99 @@ def child(
     )
 
 
-def test_each_message_is_stored_once(sql_store: SqlSessionStore) -> None:
+def _chain_and_forks(store: SessionStore) -> list[Snapshot]:
+    """A chain of six snapshots, a resume that replaces the last message, a grandchild
+    of it and a fork from the middle; every one saved. Returns them all."""
     root = snap("t0", messages=[msg("sys", "system"), msg("u0")])
-    sql_store.save_snapshot(root)
+    store.save_snapshot(root)
     chain = [root]
     for i in range(1, 6):
         chain.append(child(chain[-1], f"t{i}", [msg(f"m{i}", "model"), msg(f"u{i}")]))
-        sql_store.save_snapshot(chain[-1])
-    total = len(chain[-1].messages)
-    assert total == 12
-    assert message_rows(sql_store) == total
-
-    for s in chain:
-        got = sql_store.get_snapshot(s.snapshot_id)
-        assert got is not None
-        assert got.messages == s.messages
-        assert got.inherited == s.inherited
-    listed = {s.snapshot_id: s for s in sql_store.list_snapshots()}
-    assert all(listed[s.snapshot_id].messages == s.messages for s in chain)
-
+        store.save_snapshot(chain[-1])
+    assert len(chain[-1].messages) == 12
     # The resume replaces the last message (an interrupt became resolved) and adds one.
-    last = chain[-1]
-    resolved = child(last, "t6", [msg("u5 resolved"), msg("tool out", "tool")], keep=total - 1)
-    sql_store.save_snapshot(resolved)
-    assert message_rows(sql_store) == total + 2
-    got = sql_store.get_snapshot("t6")
-    assert got is not None
-    assert got.messages == resolved.messages
-    assert [m.text for m in got.messages[-3:]] == ["m5", "u5 resolved", "tool out"]
-    # ... and the parent still has its own version.
-    parent = sql_store.get_snapshot("t5")
-    assert parent is not None
-    assert parent.messages[-1].text == "u5"
-
-    # A grandchild of the replacing snapshot, and a fork from the middle of the chain.
+    resolved = child(chain[-1], "t6", [msg("u5 resolved"), msg("tool out", "tool")], keep=11)
     grand = child(resolved, "t7", [msg("m7", "model")])
     fork = child(chain[2], "fork", [msg("other way")], keep=3)
-    sql_store.save_snapshot(grand)
-    sql_store.save_snapshot(fork)
-    assert message_rows(sql_store) == total + 2 + 1 + 1
-    for s in (grand, fork, resolved, *chain):
-        got = sql_store.get_snapshot(s.snapshot_id)
+    for s in (resolved, grand, fork):
+        store.save_snapshot(s)
+    return [*chain, resolved, grand, fork]
+
+
+def test_histories_round_trip_through_chains_and_forks(store: SessionStore) -> None:
+    """Every store gives each snapshot back with its whole history, whatever it keeps
+    (the SQL store and the memory store keep only what a snapshot added)."""
+    saved = _chain_and_forks(store)
+    for s in saved:
+        got = store.get_snapshot(s.snapshot_id)
         assert got is not None
         assert got.messages == s.messages, s.snapshot_id
+        assert got.inherited == s.inherited, s.snapshot_id
+    listed = {s.snapshot_id: s for s in store.list_snapshots()}
+    assert all(listed[s.snapshot_id].messages == s.messages for s in saved)
+    resolved = store.get_snapshot("t6")
+    parent = store.get_snapshot("t5")
+    assert resolved is not None and parent is not None
+    assert [m.text for m in resolved.messages[-3:]] == ["m5", "u5 resolved", "tool out"]
+    assert parent.messages[-1].text == "u5", "the parent keeps its own version"
 
 
-def test_resave_with_inherited_keeps_messages_once(sql_store: SqlSessionStore) -> None:
+def test_a_returned_history_is_the_callers_to_change(store: SessionStore) -> None:
+    saved = _chain_and_forks(store)
+    got = store.get_snapshot("t7")
+    assert got is not None
+    got.messages[0].content[0].text = "changed"
+    got.messages.append(msg("extra"))
+    for s in saved:
+        again = store.get_snapshot(s.snapshot_id)
+        assert again is not None and again.messages == s.messages, s.snapshot_id
+
+
+def test_resave_with_inherited_keeps_its_history(store: SessionStore) -> None:
     a = snap("a", messages=[msg("1"), msg("2")])
     b = child(a, "b", [msg("3")])
-    sql_store.save_snapshot(a)
-    sql_store.save_snapshot(b)
-    assert sql_store.claim("b", "w1")
-    sql_store.save_snapshot(b.model_copy(update={"status": SnapshotStatus.EXPIRED}))
-    assert message_rows(sql_store) == 3
-    got = sql_store.get_snapshot("b")
+    store.save_snapshot(a)
+    store.save_snapshot(b)
+    assert store.claim("b", "w1")
+    store.save_snapshot(b.model_copy(update={"status": SnapshotStatus.EXPIRED}))
+    got = store.get_snapshot("b")
     assert got is not None
     assert got.status == SnapshotStatus.EXPIRED
     assert got.messages == b.messages
 
 
-def test_inherited_from_unknown_parent_stores_everything(sql_store: SqlSessionStore) -> None:
+def test_inherited_from_unknown_parent_keeps_everything(store: SessionStore) -> None:
     orphan = snap("o", parent_id="gone", messages=[msg("1"), msg("2"), msg("3")], inherited=2)
-    sql_store.save_snapshot(orphan)
-    got = sql_store.get_snapshot("o")
+    store.save_snapshot(orphan)
+    got = store.get_snapshot("o")
     assert got is not None
     assert got.messages == orphan.messages
-    assert got.inherited == 0
-    assert message_rows(sql_store) == 3
+    assert got.inherited == 0, "nothing was left to a parent the store does not have"
+
+
+def test_sql_store_keeps_each_message_once(sql_store: SqlSessionStore) -> None:
+    _chain_and_forks(sql_store)
+    assert message_rows(sql_store) == 12 + 2 + 1 + 1
+    a = snap("a", messages=[msg("1"), msg("2")])
+    sql_store.save_snapshot(a)
+    sql_store.save_snapshot(child(a, "b", [msg("3")]))
+    sql_store.save_snapshot(child(a, "b", [msg("3")]))  # saved again: replaced, not added
+    assert message_rows(sql_store) == 16 + 3
+    sql_store.save_snapshot(snap("o", parent_id="gone", messages=[msg("x")] * 3, inherited=2))
+    assert message_rows(sql_store) == 16 + 3 + 3
+
+
+def test_memory_store_shares_inherited_texts_with_the_parent() -> None:
+    """The memory store keeps each message's JSON once: a child holds the very text
+    objects of the messages it inherited, and serializes only the ones it added."""
+    store = InMemorySessionStore()
+    _chain_and_forks(store)
+    kept = store._snapshots
+    t5, t6, fork, t2 = kept["t5"].texts, kept["t6"].texts, kept["fork"].texts, kept["t2"].texts
+    assert all(a is b for a, b in zip(t6[:11], t5[:11], strict=True))
+    assert t6[11] is not t5[11], "the replaced message has a text of its own"
+    assert all(a is b for a, b in zip(fork[:3], t2[:3], strict=True))
+    assert all(kept["t7"].texts[i] is t6[i] for i in range(13))
 
 
 def test_history_is_read_in_a_bounded_number_of_queries(sql_store: SqlSessionStore) -> None:

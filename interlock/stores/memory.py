@@ -1,4 +1,11 @@
-"""A session store in the process's memory, for tests, examples and single processes."""
+"""A session store in the process's memory, for tests, examples and single processes.
+
+Messages are kept as their JSON text, the way the SQL store keeps them, and a snapshot
+shares the texts of the messages it inherited from its parent: saving a turn
+serializes only the messages it added, and reading a snapshot parses its history in
+one call (`validate_json`), where copying it object by object would cost several
+times as much on a long session. Callers get fresh objects either way and never share
+one with the store."""
 
 from __future__ import annotations
 
@@ -9,9 +16,9 @@ from datetime import date, datetime, time, timedelta
 from enum import Enum
 from typing import Any, cast
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
-from schemas import FinishReason, Snapshot, SnapshotStatus, utcnow
+from schemas import FinishReason, Message, Snapshot, SnapshotStatus, utcnow
 
 __all__ = ["InMemorySessionStore"]
 
@@ -54,8 +61,30 @@ def _clone(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def _copy(snapshot: Snapshot) -> Snapshot:
-    return cast(Snapshot, _clone(snapshot))
+_MESSAGES = TypeAdapter(list[Message])
+
+
+class _Stored:
+    """A snapshot as the store keeps it: its fields without the messages (`head`), and
+    the JSON text of each message of its history."""
+
+    __slots__ = ("head", "texts")
+
+    def __init__(self, head: Snapshot, texts: list[str]) -> None:
+        self.head = head
+        self.texts = texts
+
+    def fields(self) -> tuple[Snapshot, list[str]]:
+        """A copy of the fields, and the texts (never changed once stored). Under the
+        store's lock: claims change the fields in place."""
+        return cast(Snapshot, _clone(self.head)), self.texts
+
+
+def _snapshot(fields: tuple[Snapshot, list[str]]) -> Snapshot:
+    """The snapshot of `_Stored.fields()`, its history parsed: the caller's to change."""
+    head, texts = fields
+    head.__dict__["messages"] = _MESSAGES.validate_json("[" + ",".join(texts) + "]")
+    return head
 
 
 def _claimable(snap: Snapshot) -> bool:
@@ -75,48 +104,63 @@ class InMemorySessionStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._snapshots: dict[str, Snapshot] = {}
+        self._snapshots: dict[str, _Stored] = {}
         self._sessions: dict[str, list[str]] = {}
 
     def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
         with self._lock:
-            snap = self._snapshots.get(snapshot_id)
-            return _copy(snap) if snap is not None else None
+            found = self._snapshots.get(snapshot_id)
+            fields = found.fields() if found is not None else None
+        return _snapshot(fields) if fields is not None else None
 
     def get_latest_snapshot(self, session_id: str) -> Snapshot | None:
         found = self.list_snapshots(session_id=session_id, limit=1)
         return found[0] if found else None
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
-        copied = _copy(snapshot)
+        messages = snapshot.messages
+        parent_id = snapshot.parent_id
+        with self._lock:
+            parent = self._snapshots.get(parent_id) if parent_id is not None else None
+        # Like the SQL store: the first `inherited` messages are the parent's, unchanged,
+        # when the parent holds that many; they share its texts.
+        want = min(max(snapshot.inherited, 0), len(messages))
+        if parent is None or parent_id == snapshot.snapshot_id or len(parent.texts) < want:
+            want = 0
+        texts = parent.texts[:want] if parent is not None and want else []
+        texts.extend(m.model_dump_json() for m in messages[want:])
+        update: dict[str, Any] = {"messages": [], "inherited": want}
+        head = cast(Snapshot, _clone(snapshot.model_copy(update=update)))
+        stored = _Stored(head, texts)
         with self._lock:
             old = self._snapshots.get(snapshot.snapshot_id)
-            self._snapshots[snapshot.snapshot_id] = copied
+            self._snapshots[snapshot.snapshot_id] = stored
             if old is None:
                 self._sessions.setdefault(snapshot.session_id, []).append(snapshot.snapshot_id)
-            elif old.session_id != snapshot.session_id:  # moved to another session: reindex
-                for session in (old.session_id, snapshot.session_id):
+            elif old.head.session_id != snapshot.session_id:  # moved to another session
+                for session in (old.head.session_id, snapshot.session_id):
                     self._sessions[session] = [
-                        sid for sid, s in self._snapshots.items() if s.session_id == session
+                        sid for sid, s in self._snapshots.items() if s.head.session_id == session
                     ]
 
     def claim(self, snapshot_id: str, by: str) -> bool:
         with self._lock:
-            snap = self._snapshots.get(snapshot_id)
-            if snap is None or not _claimable(snap):
+            found = self._snapshots.get(snapshot_id)
+            if found is None or not _claimable(found.head):
                 return False
-            if snap.resumed_by is None:
-                snap.resumed_by = by
-                snap.updated_at = utcnow()
+            head = found.head
+            if head.resumed_by is None:
+                head.resumed_by = by
+                head.updated_at = utcnow()
                 return True
-            return snap.resumed_by == by
+            return head.resumed_by == by
 
     def release(self, snapshot_id: str, by: str) -> None:
         with self._lock:
-            snap = self._snapshots.get(snapshot_id)
-            if snap is not None and snap.resumed_by == by:
-                snap.resumed_by = None
-                snap.updated_at = utcnow()
+            found = self._snapshots.get(snapshot_id)
+            if found is not None and found.head.resumed_by == by:
+                found.head.resumed_by = None
+                found.head.updated_at = utcnow()
 
     def list_snapshots(
         self,
@@ -126,9 +170,9 @@ class InMemorySessionStore:
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
-        out: list[Snapshot] = []
+        picked: list[tuple[Snapshot, list[str]]] = []
         if limit <= 0:
-            return out
+            return []
         with self._lock:
             ids: Iterable[str] = (
                 reversed(self._sessions.get(session_id, ()))
@@ -136,13 +180,14 @@ class InMemorySessionStore:
                 else reversed(self._snapshots)
             )
             for sid in ids:
-                s = self._snapshots[sid]
+                found = self._snapshots[sid]
+                s = found.head
                 if (
                     (status is None or s.status == status)
                     and (finish_reason is None or s.finish_reason == finish_reason)
                     and (claimed is None or (s.resumed_by is not None) == claimed)
                 ):
-                    out.append(_copy(s))
-                    if len(out) >= limit:
+                    picked.append(found.fields())
+                    if len(picked) >= limit:
                         break
-            return out
+        return [_snapshot(fields) for fields in picked]
