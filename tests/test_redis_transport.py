@@ -92,7 +92,23 @@ def test_a_new_pool_gets_a_new_client(redis_url: str, clients_built: list[int]) 
 # ------------------------------------------------------------ routing in one round trip
 
 SEP = Channel.sep
-WORDS = ["turn", "decision", "a", "b", "", "x-y", "a+b", "v1.2", "é", "*", "#"]
+WORDS = [
+    "turn",
+    "decision",
+    "a",
+    "b",
+    "",
+    "x-y",
+    "a+b",
+    "v1.2",
+    "é",
+    "a%b",
+    "(x)",
+    "[y]",
+    "^z$",
+    "*",
+    "#",
+]
 
 
 def _kombu_topic_match(binding: str, routing_key: str) -> bool:
