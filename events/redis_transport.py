@@ -15,8 +15,11 @@ binding's words are literal, `*` (one word) or `#` (any run of characters, as ko
 regex has it). It is also atomic: a queue bound before the publish gets the message.
 Where the script cannot stand in exactly, kombu's own path runs instead: message
 priorities, queues with an expiry declared on this channel, a dead-letter queue, batched
-publishes, a binding word mixing `*` or `#` with other characters, a broker refusing
-scripts. Everything else, blocking reads included, is kombu's own.
+publishes, a binding word mixing `*` or `#` with other characters, a newline or NUL in
+a routing key or binding, a broker refusing scripts. Other errors of the script (a
+queue's key holding another type, Redis out of memory or read-only) are raised, as
+kombu's own push would raise them. Everything else, blocking reads included, is
+kombu's own.
 
 Used for `redis://` and `rediss://` brokers (`transport_for`); other URLs keep their
 transport.
@@ -55,7 +58,10 @@ local function to_pattern(binding)
   return '^' .. table.concat(words, '%.') .. '$'
 end
 
-local topic, rkey, body, sep = ARGV[1] == 'topic', ARGV[2], ARGV[3], ARGV[4]
+local topic, rkey, body, sep, prefix = ARGV[1] == 'topic', ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+if string.find(rkey, '[%z\n]') then
+  return -1
+end
 local queues, seen = {}, {}
 for _, member in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local a = string.find(member, sep, 1, true)
@@ -63,31 +69,48 @@ for _, member in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if not b or string.find(member, sep, b + #sep, true) then
     return -1
   end
-  local binding, queue = string.sub(member, 1, a - 1), string.sub(member, b + #sep)
+  local binding = string.sub(member, 1, a - 1)
+  local stored = string.sub(member, a + #sep, b - 1)
+  local queue = string.sub(member, b + #sep)
   local hit
   if topic then
-    local pattern = to_pattern(binding)
-    if pattern == nil then
-      return -1
+    if stored == '' then
+      hit = true
+    else
+      if string.find(binding, '[%z\n]') then
+        return -1
+      end
+      local pattern = to_pattern(binding)
+      if pattern == nil then
+        return -1
+      end
+      hit = string.find(rkey, pattern) ~= nil
     end
-    hit = string.find(rkey, pattern) ~= nil
+    hit = hit and queue ~= ''
   else
     hit = binding == rkey
   end
-  if hit and queue ~= '' and not seen[queue] then
+  if hit and not seen[queue] then
     seen[queue] = true
     queues[#queues + 1] = queue
   end
 end
 for _, queue in ipairs(queues) do
-  redis.call('LPUSH', queue, body)
+  redis.call('LPUSH', prefix .. queue, body)
 end
 return #queues
 """
 """Route a message like kombu's topic (ARGV[1] == "topic") or direct exchange and push
 it to every matching queue. KEYS[1]: the exchange's bindings; ARGV: exchange type,
-routing key, message, kombu's field separator. Returns how many queues got it, or -1
-(nothing pushed) where kombu's own path must decide."""
+routing key, message, kombu's field separator, the key prefix of the queues
+(`global_keyprefix`; the client prefixes KEYS[1] itself). A topic binding stored with
+no pattern matches every key, as kombu's empty regex does. Returns how many queues
+got it, or -1 (nothing pushed) where kombu's own path must decide: a binding word that
+mixes `*` or `#` with other characters, a newline or NUL in a key (Python's regex and
+Lua's patterns treat those differently), a malformed binding."""
+
+_REFUSED = ("unknown command", "noperm", "no permissions", "disabled")
+"""How a Redis that does not run scripts answers `EVALSHA`/`SCRIPT LOAD` (lower case)."""
 
 
 class Channel(kombu_redis.Channel):
@@ -125,11 +148,12 @@ class Channel(kombu_redis.Channel):
         if self._route is None:
             self._route = client.register_script(ROUTE)
         key = self.keyprefix_queue % (exchange,)
+        args = [kind, routing_key, body, self.sep, self.global_keyprefix or ""]
         try:
-            pushed = self._route(
-                keys=[key], args=[kind, routing_key, body, self.sep], client=client
-            )
+            pushed = self._route(keys=[key], args=args, client=client)
         except redis.exceptions.ResponseError as exc:
+            if not any(word in str(exc).lower() for word in _REFUSED):
+                raise  # WRONGTYPE, OOM, READONLY...: what kombu's own push would meet too
             self._route = False  # scripts refused (disabled, or no EVAL): kombu's path
             log.warning(
                 "Redis refused the routing script (%s); publishing with kombu's lookup", exc

@@ -145,7 +145,7 @@ def test_the_script_routes_as_kombu_does(
     members = [f"{b}{SEP}pattern-unused{SEP}test.q.{tag}.{i % 3}" for i, b in enumerate(bindings)]
     client.sadd(table, *members)
     try:
-        pushed = script(keys=[table], args=[kind, routing_key, "body", SEP])
+        pushed = script(keys=[table], args=[kind, routing_key, "body", SEP, ""])
         queues = {f"test.q.{tag}.{i}": client.llen(f"test.q.{tag}.{i}") for i in range(3)}
     finally:
         client.delete(table, *(f"test.q.{tag}.{i}" for i in range(3)))
@@ -167,7 +167,7 @@ def test_a_binding_the_script_cannot_read_leaves_it_to_kombu(route: Any, binding
     table, queue = f"test.table.{tag}", f"test.q.{tag}"
     client.sadd(table, f"turn.#{SEP}p{SEP}{queue}", f"{binding}{SEP}p{SEP}{queue}.2")
     try:
-        assert script(keys=[table], args=["topic", "turn.x", "body", SEP]) == -1
+        assert script(keys=[table], args=["topic", "turn.x", "body", SEP, ""]) == -1
         assert client.llen(queue) == 0
     finally:
         client.delete(table, queue)
@@ -260,3 +260,84 @@ def test_a_queue_with_an_expiry_declared_here_keeps_kombus_path(redis_url: str) 
         bound.delete()
     assert message is not None and message.payload == {"n": 1}
     assert 0 < ttl <= 60_000
+
+
+@pytest.mark.parametrize(
+    ("binding", "routing_key"),
+    [("a.b", "a.b\n"), ("", "\n"), ("a.#", "a.x\ny"), ("#", "x\ny"), ("a\x00", "a"), ("x\n", "y")],
+)
+def test_keys_with_a_newline_or_nul_are_left_to_kombu(
+    route: Any, binding: str, routing_key: str
+) -> None:
+    """Python's regex and Lua's patterns disagree on newlines (`$` before a final one,
+    `.` not matching one), and a NUL cannot be in a Lua pattern: the script pushes
+    nothing and answers -1, so kombu's regex decides."""
+    client, script = route
+    tag = uuid.uuid4().hex
+    table, queue = f"test.table.{tag}", f"test.q.{tag}"
+    client.sadd(table, f"{binding}{SEP}p{SEP}{queue}")
+    try:
+        assert script(keys=[table], args=["topic", routing_key, "body", SEP, ""]) == -1
+        assert client.llen(queue) == 0
+    finally:
+        client.delete(table, queue)
+
+
+def test_a_topic_binding_stored_without_a_pattern_matches_every_key(route: Any) -> None:
+    """A queue bound while its channel took the exchange for a direct one is stored with
+    an empty pattern; kombu's empty regex matches every routing key, and so does the
+    script."""
+    client, script = route
+    tag = uuid.uuid4().hex
+    table, queue = f"test.table.{tag}", f"test.q.{tag}"
+    client.sadd(table, f"a.b{SEP}{SEP}{queue}")
+    try:
+        assert _kombu_topic_match_stored("", "zzz")
+        assert script(keys=[table], args=["topic", "zzz", "body", SEP, ""]) == 1
+        assert client.lrange(queue, 0, -1) == [b"body"]
+    finally:
+        client.delete(table, queue)
+
+
+def _kombu_topic_match_stored(pattern: str, routing_key: str) -> bool:
+    return TopicExchange(None)._match(pattern, routing_key) is not None
+
+
+@pytest.mark.parametrize("transport", [Transport, "redis"])
+def test_a_global_key_prefix_applies_to_the_queues(redis_url: str, transport: Any) -> None:
+    """With `global_keyprefix` every key kombu touches is prefixed: the bindings the
+    script reads and the queues it pushes to, as consumers read them."""
+    tag = uuid.uuid4().hex
+    exchange = Exchange(f"test.topic.{tag}", type="topic")
+    options = {"global_keyprefix": f"pfx{tag[:6]}:"}
+    with Connection(redis_url, transport=transport, transport_options=options) as conn:
+        queue = Queue(f"test.q.{tag}", exchange, routing_key="turn.*").bind(conn.default_channel)
+        queue.declare()
+        conn.Producer().publish({"n": 7}, exchange=exchange, routing_key="turn.done")
+        message = queue.get(no_ack=True)
+        queue.delete()
+    assert message is not None and message.payload == {"n": 7}
+    assert redis.Redis.from_url(redis_url).exists(f"test.q.{tag}") == 0
+
+
+def test_other_script_errors_are_raised_and_keep_the_script(redis_url: str) -> None:
+    """A push the server refuses (a queue's key holding a string: WRONGTYPE) fails the
+    publish, as kombu's own LPUSH would; it is not taken for "no scripts here", so the
+    next publish goes through the script again."""
+    tag = uuid.uuid4().hex
+    exchange = Exchange(f"test.topic.{tag}", type="topic")
+    client = redis.Redis.from_url(redis_url)
+    with Connection(redis_url, transport=Transport) as conn:
+        channel = conn.default_channel
+        queue = Queue(f"test.q.{tag}", exchange, routing_key="turn.*").bind(channel)
+        queue.declare()
+        client.set(queue.name, "not a list")
+        producer = conn.Producer()
+        with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+            producer.publish({"n": 1}, exchange=exchange, routing_key="turn.done", retry=False)
+        assert channel._route not in (None, False), "the script stays in use"
+        client.delete(queue.name)
+        producer.publish({"n": 2}, exchange=exchange, routing_key="turn.done")
+        message = queue.get(no_ack=True)
+        queue.delete()
+    assert message is not None and message.payload == {"n": 2}
