@@ -41,3 +41,29 @@ def test_a_submitted_turn_carries_json_arguments_and_an_id_summary(redis_url: st
     summary = message.headers["argsrepr"]
     assert summary == f"(turn={request.turn_id} agent=bankingAgent session={session_id} message)"
     assert "4321" not in summary
+
+
+def test_a_turn_sent_without_send_turn_shows_the_summary_too(redis_url: str) -> None:
+    """Celery republishes a retried task (and a client may call `send_task` itself) with a
+    repr of the arguments in `argsrepr`; every `interlock.run_turn` message gets the
+    summary instead."""
+    app = create_app(Settings(broker_url=redis_url, store_url="sqlite://"), ai)
+    request = new_turn_request(
+        "bankingAgent",
+        AgentInput(message=Message(role="user", content=[Part(text="my PIN is 4321")])),
+        snapshot_id="snap-1",
+    )
+    with Connection(redis_url) as conn:
+        turns = conn.SimpleQueue(TURNS_QUEUE)
+        turns.clear()
+        try:
+            app.send_task(RUN_TURN, args=[request.model_dump(mode="json")], countdown=0)
+            message = turns.get(timeout=10)
+            message.ack()
+        finally:
+            turns.close()
+    assert message.headers["argsrepr"] == (
+        f"(turn={request.turn_id} agent=bankingAgent snapshot=snap-1 message)"
+    )
+    assert message.headers["kwargsrepr"] == "{}"
+    assert "4321" in str(message.decode()[0]), "the arguments themselves are unchanged"

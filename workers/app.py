@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from celery.signals import before_task_publish
 from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy.exc import OperationalError as DatabaseError
 
@@ -84,13 +85,34 @@ def runtime_of(app: Celery) -> Runtime:
 def turn_summary(request: TurnRequest) -> str:
     """What a task's `argsrepr` shows of a turn (worker logs, monitoring tools): its ids,
     never its input, which holds user text and reviewers' answers."""
-    where = (
-        f"snapshot={request.snapshot_id}"
-        if request.snapshot_id is not None
-        else f"session={request.session_id}"
-    )
-    kind = "resume" if request.input.get("resume") is not None else "message"
-    return f"(turn={request.turn_id} agent={request.agent} {where} {kind})"
+    return _summary(request.model_dump(include=_SUMMARY_FIELDS))
+
+
+_SUMMARY_FIELDS = {"turn_id", "agent", "snapshot_id", "session_id", "input"}
+
+
+def _summary(fields: dict[str, Any]) -> str:
+    snapshot_id, session_id = fields.get("snapshot_id"), fields.get("session_id")
+    where = f"snapshot={snapshot_id}" if snapshot_id is not None else f"session={session_id}"
+    given = fields.get("input")
+    kind = "resume" if isinstance(given, dict) and given.get("resume") is not None else "message"
+    return f"(turn={fields.get('turn_id')} agent={fields.get('agent')} {where} {kind})"
+
+
+def _summarize_turn(body: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Every `interlock.run_turn` message shows the summary: also those published without
+    `send_turn` (a client's own `send_task`, and a task's retries, which Celery
+    republishes with a repr of the arguments)."""
+    try:
+        request = body[0][0]
+    except (TypeError, IndexError, KeyError):
+        return
+    if headers is not None and isinstance(request, dict):
+        headers["argsrepr"] = _summary(request)
+        headers["kwargsrepr"] = "{}"
+
+
+before_task_publish.connect(_summarize_turn, sender=RUN_TURN, weak=False)
 
 
 def send_turn(app: Celery, request: TurnRequest) -> None:
