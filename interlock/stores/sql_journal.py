@@ -155,6 +155,10 @@ class SqlTurnJournal:
         self.store = store
         store.create_all(journal_metadata)
         self._insert_if_new = _insert_lease_if_new(store.engine.dialect.name)
+        # PostgreSQL (read committed): the insert's NOT EXISTS sees the snapshots committed
+        # when the statement began. If it then waited on the lease row of a run whose
+        # ending snapshot was committing, that snapshot is visible only to a new statement.
+        self._recheck_ended = store.engine.dialect.name == "postgresql"
         self._held: dict[str, str] = {}  # turn id -> owner, leases `begin` took here
         self._held_lock = threading.Lock()
         store.add_save_hook(self._on_save)
@@ -200,6 +204,9 @@ class SqlTurnJournal:
         with self.store.writer(relaxed=True).begin() as conn:
             if conn.execute(self._insert_if_new, params).first() is not None:
                 kind = TurnStartKind.NEW  # the usual case: one statement
+                if self._recheck_ended and (ended := conn.execute(_ENDED, params).first()):
+                    conn.execute(_DROP_LEASE, params)
+                    return TurnStart(TurnStartKind.ENDED, str(ended[0]), str(ended[1]))
             elif (ended := conn.execute(_ENDED, params).first()) is not None:
                 return TurnStart(TurnStartKind.ENDED, str(ended[0]), str(ended[1]))
             elif conn.execute(_TAKE, params).rowcount == 1:
