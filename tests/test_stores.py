@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select, text
+from sqlalchemy import create_engine, event, func, make_url, select, text
+from sqlalchemy.pool import NullPool
 from sqlmodel import SQLModel
 
 from interlock import StatusError
@@ -521,3 +522,65 @@ def test_relaxed_writes_do_not_wait_for_the_disk_postgresql(pg_url: str) -> None
             assert conn.execute(text("SELECT x FROM t")).scalar() == 1
         with store.engine.connect() as conn:
             assert conn.execute(text("SHOW synchronous_commit")).scalar() == "on"
+
+
+# --------------------------------------------------------------- PostgreSQL connections
+
+
+def test_postgres_pings_only_connections_that_sat_idle(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy store reuses its pooled connections without a ping (a round trip per
+    transaction); one that sat idle for `PING_AFTER` is pinged first."""
+    import interlock.stores.sql as sql_module
+
+    store = SqlSessionStore(pg_url)
+    pings: list[int] = []
+    ping = store.engine.dialect.do_ping
+
+    def counting(dbapi_conn: Any) -> bool:
+        pings.append(1)
+        return bool(ping(dbapi_conn))
+
+    monkeypatch.setattr(store.engine.dialect, "do_ping", counting)
+    try:
+        store.save_snapshot(snap("p1"))
+        for _ in range(5):
+            assert store.get_snapshot("p1") is not None
+        assert pings == [], "used a moment ago: no ping"
+        monkeypatch.setattr(sql_module, "PING_AFTER", 0.0)
+        for _ in range(3):
+            assert store.get_snapshot("p1") is not None
+        assert len(pings) == 3, "idle long enough (here: at all): pinged at each checkout"
+    finally:
+        store.close()
+
+
+def test_postgres_replaces_an_idle_connection_the_server_dropped(
+    pg_url: str, pg_admin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server ends the pool's connections (a restart, an idle timeout); once they sat
+    idle for `PING_AFTER`, the next call gets a new connection and succeeds."""
+    import interlock.stores.sql as sql_module
+
+    store = SqlSessionStore(pg_url)
+    try:
+        store.save_snapshot(snap("d1"))
+        assert store.get_snapshot("d1") is not None
+        name = make_url(pg_url).database
+        admin = create_engine(pg_admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        with admin.connect() as conn:
+            ended = conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = :d AND pid <> pg_backend_pid()"
+                ),
+                {"d": name},
+            ).scalar_one()
+        admin.dispose()
+        assert ended >= 1
+        monkeypatch.setattr(sql_module, "PING_AFTER", 0.0)
+        got = store.get_snapshot("d1")
+        assert got is not None and got.snapshot_id == "d1"
+    finally:
+        store.close()

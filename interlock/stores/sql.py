@@ -61,6 +61,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping, make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import registry
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 from sqlalchemy.sql.dml import Insert
@@ -256,12 +257,15 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     SQLite URL shares one connection. `?synchronous=normal` (or `off`, `full`,
     `extra`) in a SQLite URL sets that pragma on every connection; SQLite's default,
     FULL, waits for the disk at every commit. PostgreSQL (`postgresql+psycopg://...`):
-    pre-ping pooled connections.
+    a pooled connection that sat idle for `PING_AFTER` seconds or more is pinged before
+    use (`pool_pre_ping=True` pings at every checkout instead).
     """
     sa_url = make_url(url)
     if sa_url.get_backend_name() == "postgresql":
-        kwargs.setdefault("pool_pre_ping", True)
+        ping_idle = "pool_pre_ping" not in kwargs
         pg_engine = create_engine(sa_url, **kwargs)
+        if ping_idle:
+            _ping_when_idle(pg_engine)
 
         @event.listens_for(pg_engine, "begin")
         def _on_pg_begin(conn: Connection) -> None:
@@ -358,6 +362,36 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if write_lock is not None:
         write_lock.listen(engine)
     return engine
+
+
+PING_AFTER = 1.0
+"""Seconds a pooled PostgreSQL connection may sit idle and still be used without a ping.
+A busy worker reuses its connections within milliseconds: pinging each checkout would
+cost a round trip per transaction (about a tenth of a turn's). A connection lost while
+in use, or within this time (the server restarted), fails that one operation with a
+disconnect error, and the pool replaces all of its connections: workers retry the
+turn, consumers requeue the decision."""
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Ping a connection at checkout when it sat idle in the pool for `PING_AFTER`
+    seconds or more; a dead one is replaced before anyone uses it (SQLAlchemy's
+    `DisconnectionError` recipe for pessimistic disconnect handling)."""
+
+    def on_checkin(_dbapi_conn: Any, record: ConnectionPoolEntry) -> None:
+        record.info["interlock_idle_since"] = time.monotonic()
+
+    def on_checkout(dbapi_conn: Any, record: ConnectionPoolEntry, _proxy: Any) -> None:
+        since = record.info.pop("interlock_idle_since", None)
+        if since is None or time.monotonic() - since < PING_AFTER:
+            return  # new, or used a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            raise DisconnectionError(f"idle connection is gone: {exc}") from exc
+
+    event.listen(engine, "checkin", on_checkin)
+    event.listen(engine, "checkout", on_checkout)
 
 
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
