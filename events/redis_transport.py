@@ -109,8 +109,12 @@ got it, or -1 (nothing pushed) where kombu's own path must decide: a binding wor
 mixes `*` or `#` with other characters, a newline or NUL in a key (Python's regex and
 Lua's patterns treat those differently), a malformed binding."""
 
-_REFUSED = ("unknown command", "noperm", "no permissions", "disabled")
-"""How a Redis that does not run scripts answers `EVALSHA`/`SCRIPT LOAD` (lower case)."""
+_RAISED = ("WRONGTYPE", "OOM", "READONLY", "MISCONF", "BUSY", "LOADING", "NOREPLICAS")
+"""Errors of a script that ran (a push may have happened before it failed) or of a
+server that would refuse kombu's own commands as well: raised, as kombu's push would
+raise them. Any other error is taken for a refusal to run the script (`EVAL`
+disabled, renamed or denied by an ACL, a Redis-compatible server that forbids
+scripts touching undeclared keys): nothing was pushed, and kombu's path takes over."""
 
 
 class Channel(kombu_redis.Channel):
@@ -152,8 +156,8 @@ class Channel(kombu_redis.Channel):
         try:
             pushed = self._route(keys=[key], args=args, client=client)
         except redis.exceptions.ResponseError as exc:
-            if not any(word in str(exc).lower() for word in _REFUSED):
-                raise  # WRONGTYPE, OOM, READONLY...: what kombu's own push would meet too
+            if str(exc).split(" ", 1)[0] in _RAISED:
+                raise
             self._route = False  # scripts refused (disabled, or no EVAL): kombu's path
             log.warning(
                 "Redis refused the routing script (%s); publishing with kombu's lookup", exc

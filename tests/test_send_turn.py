@@ -4,8 +4,12 @@ summary for logs and monitoring tools that shows ids, not what users wrote."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import Any
 
+from celery import Celery
 from kombu.connection import Connection
+from kombu.message import Message as KombuMessage
 
 from events.topology import TURNS_QUEUE
 from examples.banking import ai
@@ -16,23 +20,30 @@ from workers.settings import Settings
 from workers.turns import new_turn_request
 
 
-def test_a_submitted_turn_carries_json_arguments_and_an_id_summary(redis_url: str) -> None:
+def _request(**where: Any) -> TurnRequest:
+    text = Message(role="user", content=[Part(text="my PIN is 4321")])
+    return new_turn_request("bankingAgent", AgentInput(message=text), **where)
+
+
+def _sent(redis_url: str, send: Callable[[Celery], None]) -> KombuMessage:
+    """The message `send(app)` put on `interlock.turns` (taken off it)."""
     app = create_app(Settings(broker_url=redis_url, store_url="sqlite://"), ai)
-    session_id = str(uuid.uuid4())
-    request = new_turn_request(
-        "bankingAgent",
-        AgentInput(message=Message(role="user", content=[Part(text="my PIN is 4321")])),
-        session_id=session_id,
-    )
     with Connection(redis_url) as conn:
         turns = conn.SimpleQueue(TURNS_QUEUE)
         turns.clear()
         try:
-            send_turn(app, request)
-            message = turns.get(timeout=10)
+            send(app)
+            message: KombuMessage = turns.get(timeout=10)
             message.ack()
         finally:
             turns.close()
+    return message
+
+
+def test_a_submitted_turn_carries_json_arguments_and_an_id_summary(redis_url: str) -> None:
+    session_id = str(uuid.uuid4())
+    request = _request(session_id=session_id)
+    message = _sent(redis_url, lambda app: send_turn(app, request))
     assert message.content_type == "application/json"
     assert message.headers["task"] == RUN_TURN
     [sent], kwargs, _embed = message.decode()
@@ -47,23 +58,21 @@ def test_a_turn_sent_without_send_turn_shows_the_summary_too(redis_url: str) -> 
     """Celery republishes a retried task (and a client may call `send_task` itself) with a
     repr of the arguments in `argsrepr`; every `interlock.run_turn` message gets the
     summary instead."""
-    app = create_app(Settings(broker_url=redis_url, store_url="sqlite://"), ai)
-    request = new_turn_request(
-        "bankingAgent",
-        AgentInput(message=Message(role="user", content=[Part(text="my PIN is 4321")])),
-        snapshot_id="snap-1",
-    )
-    with Connection(redis_url) as conn:
-        turns = conn.SimpleQueue(TURNS_QUEUE)
-        turns.clear()
-        try:
-            app.send_task(RUN_TURN, args=[request.model_dump(mode="json")], countdown=0)
-            message = turns.get(timeout=10)
-            message.ack()
-        finally:
-            turns.close()
+    request = _request(snapshot_id="snap-1")
+    body = request.model_dump(mode="json")
+    message = _sent(redis_url, lambda app: app.send_task(RUN_TURN, args=[body], countdown=0))
     assert message.headers["argsrepr"] == (
         f"(turn={request.turn_id} agent=bankingAgent snapshot=snap-1 message)"
     )
     assert message.headers["kwargsrepr"] == "{}"
     assert "4321" in str(message.decode()[0]), "the arguments themselves are unchanged"
+
+
+def test_a_turn_sent_by_keyword_shows_the_summary_too(redis_url: str) -> None:
+    request = _request(session_id="s-kw")
+    body = request.model_dump(mode="json")
+    message = _sent(redis_url, lambda app: app.send_task(RUN_TURN, kwargs={"request": body}))
+    assert message.headers["argsrepr"] == (
+        f"(turn={request.turn_id} agent=bankingAgent session=s-kw message)"
+    )
+    assert message.headers["kwargsrepr"] == "{}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -582,5 +583,39 @@ def test_postgres_replaces_an_idle_connection_the_server_dropped(
         monkeypatch.setattr(sql_module, "PING_AFTER", 0.0)
         got = store.get_snapshot("d1")
         assert got is not None and got.snapshot_id == "d1"
+    finally:
+        store.close()
+
+
+def test_postgres_a_failed_ping_retires_the_older_connections_too(
+    pg_url: str, pg_admin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server dropped every connection; the first one checked out sat idle long
+    enough to be pinged, the second was used a moment ago. The failed ping retires both,
+    so neither call fails."""
+    import interlock.stores.sql as sql_module
+
+    monkeypatch.setattr(sql_module, "PING_AFTER", 0.5)
+    store = SqlSessionStore(pg_url)
+    try:
+        store.save_snapshot(snap("m1"))
+        first, second = store.engine.connect(), store.engine.connect()
+        first.close()  # back in the pool first: idle the longest, checked out first
+        time.sleep(0.7)
+        second.close()
+        name = make_url(pg_url).database
+        admin = create_engine(pg_admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = :d AND pid <> pg_backend_pid()"
+                ),
+                {"d": name},
+            )
+        admin.dispose()
+        with store.engine.connect() as a, store.engine.connect() as b:
+            assert a.execute(text("SELECT 1")).scalar_one() == 1
+            assert b.execute(text("SELECT 1")).scalar_one() == 1
     finally:
         store.close()

@@ -104,8 +104,9 @@ def _summarize_turn(body: Any = None, headers: dict[str, Any] | None = None, **_
     `send_turn` (a client's own `send_task`, and a task's retries, which Celery
     republishes with a repr of the arguments)."""
     try:
-        request = body[0][0]
-    except (TypeError, IndexError, KeyError):
+        args, kwargs = body[0], body[1]
+        request = args[0] if args else kwargs.get("request")
+    except (TypeError, IndexError, KeyError, AttributeError):
         return
     if headers is not None and isinstance(request, dict):
         headers["argsrepr"] = _summary(request)

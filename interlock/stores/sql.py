@@ -61,7 +61,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping, make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import InvalidatePoolError
 from sqlalchemy.orm import registry
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 from sqlalchemy.sql.dml import Insert
@@ -375,8 +375,9 @@ turn, consumers requeue the decision."""
 
 def _ping_when_idle(engine: Engine) -> None:
     """Ping a connection at checkout when it sat idle in the pool for `PING_AFTER`
-    seconds or more; a dead one is replaced before anyone uses it (SQLAlchemy's
-    `DisconnectionError` recipe for pessimistic disconnect handling)."""
+    seconds or more; a dead one, and every connection older than it, is replaced before
+    anyone uses it (SQLAlchemy's recipe for pessimistic disconnect handling, with
+    `InvalidatePoolError` as its own pre-ping raises)."""
 
     def on_checkin(_dbapi_conn: Any, record: ConnectionPoolEntry) -> None:
         record.info["interlock_idle_since"] = time.monotonic()
@@ -388,7 +389,10 @@ def _ping_when_idle(engine: Engine) -> None:
         try:
             engine.dialect.do_ping(dbapi_conn)
         except engine.dialect.loaded_dbapi.Error as exc:
-            raise DisconnectionError(f"idle connection is gone: {exc}") from exc
+            # The server dropped it: it likely dropped the others too (a restart), some of
+            # them used too recently to be pinged. Retire every connection made before
+            # now, as SQLAlchemy's own pre-ping does, and check out a new one.
+            raise InvalidatePoolError(f"idle connection is gone: {exc}") from exc
 
     event.listen(engine, "checkin", on_checkin)
     event.listen(engine, "checkout", on_checkout)
