@@ -85,10 +85,7 @@ def runtime_of(app: Celery) -> Runtime:
 def turn_summary(request: TurnRequest) -> str:
     """What a task's `argsrepr` shows of a turn (worker logs, monitoring tools): its ids,
     never its input, which holds user text and reviewers' answers."""
-    return _summary(request.model_dump(include=_SUMMARY_FIELDS))
-
-
-_SUMMARY_FIELDS = {"turn_id", "agent", "snapshot_id", "session_id", "input"}
+    return _summary(vars(request))
 
 
 def _summary(fields: dict[str, Any]) -> str:
