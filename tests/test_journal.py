@@ -253,7 +253,8 @@ def test_begin_takes_the_lease_once_per_turn(sql_journal: SqlTurnJournal) -> Non
 def test_a_first_delivery_costs_one_statement(sql_journal: SqlTurnJournal) -> None:
     """The usual start, a turn never run: "has it ended?" and "take its lease" are one
     INSERT (on PostgreSQL, "ended?" is asked once more after it: see the next test);
-    the other answers are found only when it took nothing."""
+    the other answers are found only when it took nothing. (A refused turn keeps its
+    lease row, so the INSERT takes nothing for it.)"""
     statements: list[str] = []
 
     def record(_c: Any, _cur: Any, statement: str, *_args: Any) -> None:
@@ -267,7 +268,8 @@ def test_a_first_delivery_costs_one_statement(sql_journal: SqlTurnJournal) -> No
         assert statements == (["INSERT", "SELECT"] if postgresql else ["INSERT"])
         statements.clear()
         assert sql_journal.begin("turn", "w2", ttl=30).kind is TurnStartKind.BUSY
-        assert statements == ["INSERT", "SELECT", "UPDATE"]
+        # took nothing: ended with a snapshot? refused? then take over an expired lease
+        assert statements == ["INSERT", "SELECT", "SELECT", "UPDATE"]
     finally:
         sqla_event.remove(engine, "before_cursor_execute", record)
     _save_turn_end(sql_journal.store, "ended-turn")
@@ -405,3 +407,27 @@ def test_begin_without_on_conflict_takes_more_transactions_same_answers(
         snapshot_id,
         "completed",
     )
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["on_conflict", "portable"])
+def test_a_refused_turn_is_ended(sql_journal: SqlTurnJournal, portable: bool) -> None:
+    """`refuse_in` ends a turn that no snapshot carries (it was refused before it ran):
+    once its transaction commits, every later `begin` answers ENDED, with no snapshot."""
+    if portable:
+        sql_journal._insert_if_new = None
+    assert sql_journal.begin("turn", "w1", ttl=30).kind in (
+        TurnStartKind.NEW,
+        TurnStartKind.TAKEN_OVER,
+    )
+    with sql_journal.store.writer().begin() as conn:
+        sql_journal.refuse_in(conn, None, "turn", {"status": "NOT_FOUND", "message": "gone"})
+    sql_journal.end("turn", "w1", snapshot_saved=False)
+    for owner in ("w1", "w2"):
+        start = sql_journal.begin("turn", owner, ttl=30)
+        assert (start.kind, start.snapshot_id, start.status) == (
+            TurnStartKind.ENDED,
+            None,
+            "refused",
+        )
+    assert sql_journal.held() == {}, "an ended turn's lease is not taken"
+    assert sql_journal.load("", "turn") == {"refused": {"status": "NOT_FOUND", "message": "gone"}}

@@ -41,8 +41,9 @@ class TurnBusy(Exception):
 def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     """Run the turn, keep its snapshot and event (one transaction), publish the event.
 
-    A turn delivered twice runs once: one that already ended is not run again, and one
-    whose lease another worker holds raises `TurnBusy` (the task retries it later).
+    A turn delivered twice runs once: one that already ended (or was refused before it
+    ran) is not run again, and one whose lease another worker holds raises `TurnBusy`
+    (the task retries it later).
     A redelivered turn whose worker died replays the journal: completed tool calls do
     not run again. A turn that fails is recorded (`turn.failed`) and not retried: it is
     an answer. Infrastructure errors (database, broker) propagate and are retried."""
@@ -88,18 +89,22 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, A
     except InterlockError as exc:
         error = exc if isinstance(exc, StatusError) else StatusError(message=str(exc))
         if getattr(exc, "snapshot_id", None) is None:
-            # Refused before the turn ran: no snapshot carries the event, send it here.
+            # Refused before the turn ran: no snapshot carries the event or ends the
+            # turn. The journal's refusal entry ends it, in the event's transaction.
             session_id, last_snapshot_id = _where_it_stands(rt, request)
-            rt.outbox.add_now(
-                TurnFailed(
-                    agent=request.agent,
-                    session_id=session_id,
-                    snapshot_id=None,
-                    turn_id=request.turn_id,
-                    error=error.to_info(),
-                    last_snapshot_id=last_snapshot_id,
+            with rt.store.writer().begin() as conn:
+                rt.journal.refuse_in(conn, session_id, request.turn_id, error.to_json())
+                rt.outbox.add(
+                    conn,
+                    TurnFailed(
+                        agent=request.agent,
+                        session_id=session_id,
+                        snapshot_id=None,
+                        turn_id=request.turn_id,
+                        error=error.to_info(),
+                        last_snapshot_id=last_snapshot_id,
+                    ),
                 )
-            )
         log.info("turn %s failed: %s", request.turn_id, error)
         failed: dict[str, Any] = {"turn_id": request.turn_id, "error": error.to_json()}
         ended_with = getattr(exc, "snapshot_id", None)

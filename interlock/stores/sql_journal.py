@@ -52,7 +52,7 @@ from schemas import Snapshot, utcnow
 
 from .sql import SqlSessionStore
 
-__all__ = ["SqlTurnJournal", "TurnStart", "TurnStartKind", "journal_metadata"]
+__all__ = ["REFUSED", "SqlTurnJournal", "TurnStart", "TurnStartKind", "journal_metadata"]
 
 journal_metadata = MetaData()
 
@@ -101,6 +101,11 @@ _DROP_LEASE = delete(_LEASE).where(
 _DROP_ENTRIES = delete(_JOURNAL).where(_JOURNAL.c.turn_id == bindparam("p_turn"))
 _LOAD = select(_JOURNAL.c.key, _JOURNAL.c.body).where(_JOURNAL.c.turn_id == bindparam("p_turn"))
 _RECORD = insert(_JOURNAL)
+REFUSED = "refused"
+"""The journal key that ends a turn refused before it ran (no snapshot carries it)."""
+_REFUSAL = select(_JOURNAL.c.body).where(
+    _JOURNAL.c.turn_id == bindparam("p_turn"), _JOURNAL.c.key == REFUSED
+)
 
 
 @cache
@@ -136,16 +141,16 @@ class TurnStartKind(enum.Enum):
     BUSY = "busy"
     """Another run holds a live lease."""
     ENDED = "ended"
-    """A snapshot already carries this turn id: the turn is over."""
+    """A snapshot already carries this turn id, or the turn was refused: it is over."""
 
 
 @dataclass(frozen=True)
 class TurnStart:
     kind: TurnStartKind
     snapshot_id: str | None = None
-    """ENDED: the snapshot the turn ended with."""
+    """ENDED: the snapshot the turn ended with (None for a refused turn)."""
     status: str | None = None
-    """ENDED: that snapshot's status."""
+    """ENDED: that snapshot's status, or `refused`."""
 
 
 class SqlTurnJournal:
@@ -189,6 +194,20 @@ class SqlTurnJournal:
         except IntegrityError:
             pass  # the first value written wins
 
+    def refuse_in(self, conn: Connection, session_id: str | None, turn_id: str, error: Any) -> None:
+        """End `turn_id` as refused before it ran (`error`, JSON), in the caller's
+        transaction: `begin` answers ENDED for it from then on, so a redelivery or a
+        second submission of the same turn is not run later, when the reason for the
+        refusal may have gone (the turn has had its answer)."""
+        row = {
+            "turn_id": turn_id,
+            "key": REFUSED,
+            "session_id": session_id or "",
+            "body": json.dumps(error),
+            "created_at": utcnow(),
+        }
+        conn.execute(_RECORD, row)
+
     # -- a worker's turn ----------------------------------------------------------------
 
     def begin(self, turn_id: str, owner: str, ttl: float) -> TurnStart:
@@ -209,6 +228,8 @@ class SqlTurnJournal:
                     return TurnStart(TurnStartKind.ENDED, str(ended[0]), str(ended[1]))
             elif (ended := conn.execute(_ENDED, params).first()) is not None:
                 return TurnStart(TurnStartKind.ENDED, str(ended[0]), str(ended[1]))
+            elif conn.execute(_REFUSAL, params).first() is not None:
+                return TurnStart(TurnStartKind.ENDED, None, REFUSED)
             elif conn.execute(_TAKE, params).rowcount == 1:
                 kind = TurnStartKind.TAKEN_OVER
             else:
@@ -224,6 +245,9 @@ class SqlTurnJournal:
         ended = self.store.find_turn(turn_id)
         if ended is not None:
             return TurnStart(TurnStartKind.ENDED, ended.snapshot_id, ended.status.value)
+        with self.store.engine.connect() as conn:
+            if conn.execute(_REFUSAL, {"p_turn": turn_id}).first() is not None:
+                return TurnStart(TurnStartKind.ENDED, None, REFUSED)
         if not self.acquire(turn_id, owner, ttl):
             return TurnStart(TurnStartKind.BUSY)
         with self._held_lock:

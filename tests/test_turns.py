@@ -1,0 +1,96 @@
+"""`run_turn`, the body of the `interlock.run_turn` task, on a SQLite store: a turn
+refused before it ran has had its answer, and a second delivery does not run it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from events.outbox import outbox_table
+from examples.banking import ApprovalReply, ai, transferMoney
+from interlock import AgentInput, Message, Part, ToolResume
+from interlock.stores.sql_journal import SqlTurnJournal, TurnStartKind
+from schemas import SnapshotStatus
+from workers.runtime import Runtime
+from workers.settings import Settings
+from workers.turns import new_turn_request, run_turn
+
+
+@pytest.fixture
+def rt(tmp_path: Path) -> Iterator[Runtime]:
+    settings = Settings(
+        broker_url="memory://localhost/", store_url=f"sqlite:///{tmp_path}/turns.db"
+    )
+    runtime = Runtime(settings, ai)
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+def _message(text: str, session_id: str) -> dict[str, Any]:
+    said = AgentInput(message=Message(role="user", content=[Part(text=text)]))
+    return new_turn_request("bankingAgent", said, session_id=session_id).model_dump(mode="json")
+
+
+def _failed_events(rt: Runtime, turn_id: str) -> int:
+    with rt.store.engine.connect() as conn:
+        count = conn.execute(
+            select(func.count())
+            .select_from(outbox_table)
+            .where(outbox_table.c.routing_key == "turn.failed")
+            .where(outbox_table.c.body.contains(turn_id))
+        ).scalar_one()
+    return int(count)
+
+
+def _snapshots_of_turn(rt: Runtime, session_id: str, turn_id: str) -> list[str]:
+    return [s.snapshot_id for s in rt.store.list_snapshots(session_id) if s.turn_id == turn_id]
+
+
+def test_a_refused_turn_is_not_run_by_a_later_delivery(rt: Runtime) -> None:
+    """A message sent while the session waits on a reviewer is refused (turn.failed).
+    The same turn delivered again once the pause is answered (a redelivery, a client
+    resending it with its turn_id) is over: it runs nothing and publishes nothing."""
+    paused = run_turn(rt, _message("Transfer $5 to savings", "s-refused"))
+    assert paused["finish_reason"] == "interrupted", paused
+
+    impatient = _message("Transfer $6 to checking", "s-refused")
+    turn_id = impatient["turn_id"]
+    refused = run_turn(rt, impatient)
+    assert refused["error"]["status"] == "FAILED_PRECONDITION", refused
+    assert "answer the pending interrupts first" in refused["error"]["message"]
+    assert _failed_events(rt, turn_id) == 1
+
+    agent = rt.agent("bankingAgent")
+    waiting = agent.store.get_snapshot(paused["snapshot_id"])  # type: ignore[union-attr]
+    assert waiting is not None
+    [ask] = [p for p in waiting.messages[-1].content if p.is_interrupt()]
+    approve = transferMoney.resume(ask, ApprovalReply(approved=True))
+    done = agent.run(AgentInput(resume=ToolResume(restart=[approve])), session_id="s-refused")
+    assert done.finish_reason.value == "stop"
+
+    again = run_turn(rt, impatient)
+    assert again == {"turn_id": turn_id, "snapshot_id": None, "duplicate": True}
+    assert _snapshots_of_turn(rt, "s-refused", turn_id) == [], "the refused turn never ran"
+    assert _failed_events(rt, turn_id) == 1, "its answer was not published a second time"
+    latest = rt.store.get_latest_snapshot("s-refused")
+    assert latest is not None and latest.snapshot_id == done.snapshot_id
+    assert latest.status is SnapshotStatus.COMPLETED
+
+
+def test_a_refusal_ends_the_turn_for_the_journal(rt: Runtime) -> None:
+    """An unknown snapshot: refused, and `begin` then answers ENDED with no snapshot."""
+    said = AgentInput(message=Message(role="user", content=[Part(text="hi")]))
+    request = new_turn_request("bankingAgent", said, snapshot_id="no-such-snapshot")
+    refused = run_turn(rt, request.model_dump(mode="json"))
+    assert refused["error"]["status"] == "NOT_FOUND", refused
+    journal: SqlTurnJournal = rt.journal
+    start = journal.begin(request.turn_id, "another-worker", 30.0)
+    assert (start.kind, start.snapshot_id, start.status) == (TurnStartKind.ENDED, None, "refused")
+    assert journal.holder(request.turn_id) is not None, "its expired lease row is kept"
+    assert _failed_events(rt, request.turn_id) == 1
