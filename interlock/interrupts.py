@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, TypeVar, overload
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from schemas import Part, Status, ToolRequest, ToolResponse
 
@@ -36,14 +36,17 @@ def seconds(value: float | timedelta | None) -> float | None:
     return total
 
 
-def interrupt(
-    data: BaseModel | dict[str, Any], *, expires_in: float | timedelta | None = None
-) -> Any:
-    """Pause the turn, surfacing `data` (a JSON object) to the caller. Never returns.
+def interrupt(data: Any, *, expires_in: float | timedelta | None = None) -> Any:
+    """Pause the turn, surfacing `data` to the caller. Never returns. `data` must
+    serialize to a JSON object (a pydantic model, a dict, a dataclass); anything else
+    fails the tool with INVALID_ARGUMENT.
 
     `expires_in` (seconds or a timedelta) gives the pause a deadline: once it passes
     with no decision, the snapshot is marked `expired` and can no longer resume."""
-    value = to_json_value(data) if isinstance(data, BaseModel | dict) else None
+    try:
+        value = to_json_value(data)
+    except ValueError:  # pydantic's serialization error: a value with no JSON form
+        value = None
     if not isinstance(value, dict):
         raise StatusError(Status.INVALID_ARGUMENT, "interrupt data must serialize to a JSON object")
     raise ToolInterrupt(value, seconds(expires_in))

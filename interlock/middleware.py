@@ -38,11 +38,13 @@ class ToolApproval(Middleware):
         self.allowed = frozenset(allowed)
 
     def wrap_tool(self, ctx: ToolContext, tool: Tool[Any, Any], call_next: CallNext) -> Any:
-        if tool.name in self.allowed:
-            return call_next(ctx)
-        if ctx.resumed is not None and ctx.resumed.get(APPROVED_KEY) is True:
+        if isinstance(ctx.resumed, dict) and ctx.resumed.get(APPROVED_KEY) is True:
+            # An approval is never resume data of the tool's own (an allowed tool's
+            # interrupt may be answered with `approve` too: the tool runs again).
             ctx.metadata[APPROVED_KEY] = True
             ctx.resumed = self.strip_resumed(ctx.resumed) or None
+        if tool.name in self.allowed:
+            return call_next(ctx)
         if ctx.metadata.get(APPROVED_KEY) is not True:
             interrupt(
                 {

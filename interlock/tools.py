@@ -59,6 +59,32 @@ def _strip_optional(tp: Any) -> Any:
     return tp
 
 
+def _hints(name: str, fn: Callable[..., Any]) -> dict[str, Any]:
+    """The resolved annotations of `fn`. Under `from __future__ import annotations` they
+    are strings; types defined inside a function (a test's, a factory's) are found in
+    `fn`'s closure and in the locals of the code that defined the tool (the first frame
+    outside this package)."""
+    try:
+        return typing.get_type_hints(fn)
+    except NameError as first:
+        local: dict[str, Any] = {}
+        frame = inspect.currentframe()
+        while frame is not None and frame.f_globals.get("__name__", "").startswith("interlock."):
+            frame = frame.f_back
+        if frame is not None:
+            local.update(frame.f_locals)
+        del frame
+        local.update(inspect.getclosurevars(fn).nonlocals)
+        try:
+            return typing.get_type_hints(fn, localns=local)
+        except NameError as exc:
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                f"tool {name!r}: cannot resolve the annotation {exc.name!r} of its function "
+                "(define the type at module level, or before the tool)",
+            ) from first
+
+
 class Tool(Generic[In, Out]):
     """A tool the model can call. `fn(input)` (optionally with a `ToolContext` parameter),
     sync or async. In and Out come from the annotations and are validated with pydantic."""
@@ -69,7 +95,7 @@ class Tool(Generic[In, Out]):
         self.name = name
         self.description = description
         self.fn = fn
-        hints = typing.get_type_hints(fn)
+        hints = _hints(name, fn)
         params = list(inspect.signature(fn).parameters.values())
         self._ctx_param = next((p.name for p in params if hints.get(p.name) is ToolContext), None)
         positional = [p for p in params if p.name != self._ctx_param]
@@ -140,12 +166,13 @@ class Tool(Generic[In, Out]):
     # -- running ----------------------------------------------------------------------
 
     def invoke(self, ctx: ToolContext) -> Any:
-        """Run the tool for one call; returns its output as JSON. May raise ToolInterrupt."""
+        """Run the tool for one call; returns its output, validated against Out, as JSON
+        (INVALID_ARGUMENT when it does not fit). May raise ToolInterrupt."""
         args: list[Any] = [self.parse_input(ctx.input)]
         if self.interruptible:
             args.append(self.parse_resumed(ctx.resumed))
         kwargs = {self._ctx_param: ctx} if self._ctx_param else {}
-        return to_json_value(run_sync(self.fn(*args, **kwargs)))
+        return self.check_output(run_sync(self.fn(*args, **kwargs)))
 
     # -- building answers to interrupts ----------------------------------------------
 

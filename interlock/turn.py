@@ -19,6 +19,7 @@ from schemas import (
     ToolResponse,
 )
 
+from ._json import to_json_value
 from .context import ToolContext
 from .errors import InterlockError, StatusError, ToolFailedError, ToolNotFoundError
 from .interrupts import ToolInterrupt
@@ -316,18 +317,39 @@ def _response(name: str, ref: str | None, output: Any, source: str | None = None
 
 
 def _with_refs(message: Message) -> Message:
-    """Every tool request gets a ref, if the model gave none."""
-    if all(p.tool_request is None or p.tool_request.ref for p in message.content):
-        return message
-    content = [
-        p.model_copy(
-            update={"tool_request": p.tool_request.model_copy(update={"ref": uuid.uuid4().hex})}
-        )
-        if p.tool_request is not None and not p.tool_request.ref
-        else p
-        for p in message.content
-    ]
-    return message.model_copy(update={"content": content})
+    """Every tool request gets a ref of its own: a new one where the model gave none, or
+    gave one that an earlier call of the same message has (an answer is matched to its
+    call by ref, so one approval must never cover two calls). Inputs become JSON values
+    (a model function may hand over pydantic objects)."""
+    seen: set[str] = set()
+    content: list[Part] = []
+    changed = False
+    for part in message.content:
+        req = part.tool_request
+        if req is not None:
+            ref = req.ref if req.ref and req.ref not in seen else uuid.uuid4().hex
+            seen.add(ref)
+            given = req.input
+            value = given if _is_plain_json(given) else to_json_value(given)
+            if ref != req.ref or value is not given:
+                update = {"tool_request": req.model_copy(update={"ref": ref, "input": value})}
+                part = part.model_copy(update=update)
+                changed = True
+        content.append(part)
+    return message.model_copy(update={"content": content}) if changed else message
+
+
+def _is_plain_json(value: Any) -> bool:
+    """True for a value made only of dicts with str keys, lists, str, numbers, bools
+    and None (what a model's parsed arguments are)."""
+    kind = type(value)
+    if value is None or kind is str or kind is bool or kind is int or kind is float:
+        return True
+    if kind is dict:
+        return all(isinstance(k, str) and _is_plain_json(v) for k, v in value.items())
+    if kind is list:
+        return all(_is_plain_json(v) for v in value)
+    return False
 
 
 def _without_pending(part: Part) -> Part:

@@ -1,5 +1,6 @@
 """Tools (§2), how a failing tool fails the turn, and the error tree (§8)."""
 
+import dataclasses
 import json
 import pickle
 from collections.abc import Callable
@@ -209,9 +210,39 @@ def test_interrupt_with_non_object_data_fails_the_tool(data: Any) -> None:
     assert "interrupt data must serialize to a JSON object" in info.value.message
 
 
+class _NoJson:
+    pass
+
+
+@pytest.mark.parametrize("data", [{"o": _NoJson()}, _NoJson()], ids=["field", "object"])
+def test_interrupt_with_data_that_has_no_json_form_fails_the_tool(data: Any) -> None:
+    ai = Interlock()
+
+    @ai.interruptible_tool(name="odd", description="")
+    def odd(inp: Num, res: dict[str, Any] | None) -> Result:
+        interrupt(data)
+        return Result(value=0)
+
+    with pytest.raises(ToolFailedError) as info:
+        one_call(ai, odd, {"n": 1}).run_text("go")
+    assert status_of(info.value) is Status.INVALID_ARGUMENT
+    assert "interrupt data must serialize to a JSON object" in info.value.message
+
+
+def test_interrupt_with_a_dataclass() -> None:
+    @dataclasses.dataclass
+    class Ask:
+        amount: float
+        to: str
+
+    with pytest.raises(ToolInterrupt) as info:
+        interrupt(Ask(amount=5, to="savings"))
+    assert info.value.data == {"amount": 5, "to": "savings"}
+
+
 def test_interrupt_outside_a_tool() -> None:
     with pytest.raises(StatusError, match="interrupt data must serialize to a JSON object"):
-        interrupt("x")  # type: ignore[arg-type]
+        interrupt("x")
     with pytest.raises(ToolInterrupt) as info:
         interrupt(ApprovalAsk(action="a", details="d"))
     assert info.value.data == {"action": "a", "details": "d"}
