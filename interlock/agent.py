@@ -114,7 +114,7 @@ class Agent:
         responses and tool outcomes are kept as they complete, and a second run of the
         same `turn_id` replays them instead of doing them again."""
         agent_input = as_input(input)
-        base = self._base(session_id, snapshot_id, state)
+        base = self._address(agent_input, session_id, snapshot_id, state)
         answers: Mapping[str, Answer] | None = None
         claim: str | None = None
         if agent_input.resume is not None:
@@ -147,12 +147,19 @@ class Agent:
         except Exception as exc:
             self._record_failure(base, turn, exc, claim)
             raise
-        try:
-            return self._finish(base, turn, result, on_chunk)
-        except Exception:
-            if claim is not None and self.store is not None and base.snapshot is not None:
-                self.store.release(base.snapshot.snapshot_id, claim)
+        except BaseException:  # cancelled, interrupted, exiting: nothing kept, nothing held
+            self._release(base, claim)
             raise
+        try:
+            out = self._finish(base, turn, result)
+        except BaseException:  # the snapshot was not saved: the pause can be answered again
+            self._release(base, claim)
+            raise
+        # Saved: the turn is over and its claim stays, whatever the caller's callback does.
+        if on_chunk is not None:
+            end = TurnEnd(finish_reason=result.finish_reason, snapshot_id=out.snapshot_id)
+            on_chunk(AgentChunk(turn_end=end))
+        return out
 
     def validate_resume(
         self,
@@ -168,7 +175,8 @@ class Agent:
         agent_input = as_input(input)
         if agent_input.resume is None:
             raise ResumeValidationError(Status.INVALID_ARGUMENT, "input is not a resume")
-        self._plan(agent_input.resume, self._base(session_id, snapshot_id, state), claimed_by)
+        base = self._address(agent_input, session_id, snapshot_id, state)
+        self._plan(agent_input.resume, base, claimed_by)
 
     def connect(
         self,
@@ -183,6 +191,22 @@ class Agent:
         return Connection(self, session_id=session_id, snapshot_id=snapshot_id, state=state)
 
     # -- steps ------------------------------------------------------------------------
+
+    def _address(
+        self,
+        agent_input: AgentInput,
+        session_id: str | None,
+        snapshot_id: str | None,
+        state: str | None,
+    ) -> _Base:
+        """`_base`; for a resume, how the session is addressed is the first of its checks
+        (rule 7), and a failure is a `ResumeValidationError`."""
+        try:
+            return self._base(session_id, snapshot_id, state)
+        except StatusError as exc:
+            if agent_input.resume is None or type(exc) is not StatusError:
+                raise
+            raise ResumeValidationError(exc.status, exc.message) from exc
 
     def _base(self, session_id: str | None, snapshot_id: str | None, state: str | None) -> _Base:
         if self.store is None:
@@ -241,7 +265,9 @@ class Agent:
                 if self.store is not None
                 else "a resume needs the paused turn: pass the state of the interrupted output",
             )
-        check_resumable(base.snapshot, claimed_by)
+        # A snapshot that did not pause has nothing pending: the parts refuse the resume
+        # (a ref from an earlier turn, or one not found), as rule 1 says.
+        check_resumable(base.snapshot, claimed_by, interrupted=False)
         return plan_resume(base.snapshot.messages, resume, self.tool_map, self.middleware)
 
     def _claim(self, base: _Base, claimed_by: str | None) -> str | None:
@@ -302,9 +328,7 @@ class Agent:
             turn_id=turn.turn_id,
         )
 
-    def _finish(
-        self, base: _Base, turn: Turn, result: TurnResult, on_chunk: Emit | None
-    ) -> AgentOutput:
+    def _finish(self, base: _Base, turn: Turn, result: TurnResult) -> AgentOutput:
         snapshot = self._snapshot(base, turn, SnapshotStatus.COMPLETED, result.finish_reason)
         if result.finish_reason == FinishReason.INTERRUPTED:
             deadline = turn.expires_in or self.interrupt_expires_in
@@ -320,15 +344,11 @@ class Agent:
             out.snapshot_id = snapshot.snapshot_id
         else:
             out.state = self.registry.state_codec.encode(snapshot)
-        if on_chunk is not None:
-            on_chunk(
-                AgentChunk(
-                    turn_end=TurnEnd(
-                        finish_reason=result.finish_reason, snapshot_id=out.snapshot_id
-                    )
-                )
-            )
         return out
+
+    def _release(self, base: _Base, claim: str | None) -> None:
+        if claim is not None and self.store is not None and base.snapshot is not None:
+            self.store.release(base.snapshot.snapshot_id, claim)
 
     def _record_failure(self, base: _Base, turn: Turn, exc: Exception, claim: str | None) -> None:
         """Keep a failed (or aborted) snapshot for inspection; release the claim."""
@@ -347,8 +367,9 @@ class Agent:
             if error is not None
             else StatusError(Status.UNKNOWN, str(exc) or type(exc).__name__).to_info()
         )
-        self.store.save_snapshot(snapshot)
+        try:
+            self.store.save_snapshot(snapshot)
+        finally:
+            self._release(base, claim)
         if isinstance(exc, StatusError):
             exc.snapshot_id = snapshot.snapshot_id
-        if claim is not None and base.snapshot is not None:
-            self.store.release(base.snapshot.snapshot_id, claim)

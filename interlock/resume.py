@@ -50,8 +50,13 @@ def pending_interrupts(messages: Sequence[Message]) -> list[Part]:
     return []
 
 
-def check_resumable(snapshot: Snapshot, claimed_by: str | None = None) -> None:
-    """Rule 6: only a completed, interrupted, unclaimed snapshot can be resumed."""
+def check_resumable(
+    snapshot: Snapshot, claimed_by: str | None = None, *, interrupted: bool = True
+) -> None:
+    """Rule 6: only a completed, unexpired, unclaimed snapshot can be resumed. With
+    `interrupted` (the resume consumer's order of checks), one that did not end
+    interrupted is refused here too (FAILED_PRECONDITION); without it, the parts are
+    left to refuse it (nothing is pending: INVALID_ARGUMENT, rule 1)."""
     sid = snapshot.snapshot_id
     if snapshot.status != SnapshotStatus.COMPLETED:
         raise ResumeValidationError(
@@ -59,7 +64,7 @@ def check_resumable(snapshot: Snapshot, claimed_by: str | None = None) -> None:
             f"snapshot {sid} is {snapshot.status.value} and cannot be resumed; "
             "it is kept for inspection",
         )
-    if snapshot.finish_reason != FinishReason.INTERRUPTED:
+    if interrupted and snapshot.finish_reason != FinishReason.INTERRUPTED:
         raise ResumeValidationError(
             Status.FAILED_PRECONDITION, f"snapshot {sid} is not interrupted: nothing to resume"
         )

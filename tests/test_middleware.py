@@ -266,3 +266,35 @@ def test_middleware_metadata_persists_on_the_interrupted_part() -> None:
     agent = gate.agent(("delete", 1), middleware=[Stamp(), tool_approval()])
     out = agent.run_text("go")
     assert out.interrupts[0].meta("seenBy") == "stamp"
+
+
+def test_approve_on_an_allowed_tools_own_interrupt_is_no_resume_data() -> None:
+    """`approve` carries only the approval marker. Checked up front and at run time the
+    same way for an allowed tool as for a gated one: the marker is not the tool's own
+    resume data, so the tool runs again with `res=None` and asks again."""
+    ai = Interlock()
+    tool = ai.define_interruptible_tool("transferMoney", "transfer", transferMoney.fn)
+    scripted.define(ai, "banking", banking_model)
+    agent = ai.define_agent(
+        "bank",
+        model="scripted/banking",
+        tools=[tool],
+        middleware=[tool_approval(["transferMoney"])],
+        store=InMemorySessionStore(),
+    )
+    out = agent.run_text("Transfer $5 to bob")
+    [own] = out.interrupts
+    assert tool.interrupt_as(own, ApprovalAsk) is not None, "allowed: the tool's own ask"
+    resume = ToolResume(restart=[approve(own)])
+    agent.validate_resume(resume, session_id=out.session_id)
+    again = agent.run(resume, session_id=out.session_id)
+    assert again.finish_reason is FinishReason.INTERRUPTED
+    [asked] = again.interrupts
+    assert tool.interrupt_as(asked, ApprovalAsk) == ApprovalAsk(
+        action="transferMoney", details="Transfer $5.00 to bob"
+    )
+    final = agent.run(
+        ToolResume(restart=[tool.resume(asked, ApprovalReply(approved=True))]),
+        session_id=out.session_id,
+    )
+    assert final.text.startswith("Done: transferred $5.00 to bob, transaction txn-")

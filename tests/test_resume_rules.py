@@ -498,14 +498,29 @@ def test_second_resume_of_the_same_snapshot_is_refused() -> None:
         snapshot_id=out.snapshot_id,
     )
     assert rig.snapshot_count() == count
-    # by session id, the session has moved on: nothing is paused any more
+    # by session id, the session has moved on: nothing is pending any more, so the
+    # answer's ref is one from an earlier turn (rule 1)
     rejects(
-        Status.FAILED_PRECONDITION,
-        "is not interrupted: nothing to resume",
+        Status.INVALID_ARGUMENT,
+        f"respond for tool 'gate' ref {reply.tool_response.ref} is from an earlier turn "  # type: ignore[union-attr]
+        "which is no longer pending",
         rig.agent.run,
         ToolResume(respond=[reply]),
         session_id=out.session_id,
+        error=ResumeValidationError,
     )
+    unknown = Part(
+        tool_response=ToolResponse(name="gate", ref="never-seen", output={"value": 7}),
+        metadata={"interruptResponse": True},
+    )
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "ref never-seen not found in session history",
+        rig.agent.run,
+        ToolResume(respond=[unknown]),
+        session_id=out.session_id,
+    )
+    assert rig.snapshot_count() == count
 
 
 def test_claimed_snapshot_refuses_another_resume() -> None:
@@ -593,6 +608,7 @@ def test_snapshot_of_another_session_or_agent() -> None:
         ToolResume(),
         snapshot_id=out.snapshot_id,
         session_id="other",
+        error=ResumeValidationError,
     )
     stranger = rig.ai.define_agent("stranger", model="scripted/rig", store=rig.store)
     rejects(
@@ -601,6 +617,7 @@ def test_snapshot_of_another_session_or_agent() -> None:
         stranger.run,
         ToolResume(),
         snapshot_id=out.snapshot_id,
+        error=ResumeValidationError,
     )
 
 
@@ -616,6 +633,7 @@ def test_state_passed_to_a_store_backed_agent() -> None:
         rig.agent.run,
         ToolResume(),  # addressing is checked before the (empty) parts
         state="v1.x.y",
+        error=ResumeValidationError,  # a resume's first check (rule 7)
     )
     rejects(
         Status.FAILED_PRECONDITION,
@@ -637,8 +655,11 @@ def test_session_id_passed_to_a_store_less_agent() -> None:
             "has no session store: pass the state of the last output",
             rig.agent.run,
             ToolResume(),
+            error=ResumeValidationError,
             **kwargs,
         )
+        with pytest.raises(ResumeValidationError):
+            rig.agent.validate_resume(ToolResume(), **kwargs)
     rejects(
         Status.FAILED_PRECONDITION,
         "a resume needs the paused turn: pass the state",
@@ -751,3 +772,62 @@ def test_new_message_while_a_resume_is_under_way_is_refused() -> None:
     assert out.snapshot_id in err.message
     assert rig.snapshot_count() == before
     assert rig.runs == [None]
+
+
+# -- the claim once the turn is over, or cut short ---------------------------------------------
+
+
+def test_a_callback_failing_at_the_turn_end_keeps_the_claim() -> None:
+    """The resumed turn's snapshot is saved before the caller's callback hears of the
+    turn's end: the claim stays, and the pause cannot be answered a second time."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    reply = rig.gate.respond(out.interrupts[0], {"value": 7})
+
+    def on_chunk(chunk: Any) -> None:
+        if chunk.turn_end is not None:
+            raise RuntimeError("the client went away")
+
+    with pytest.raises(RuntimeError, match="the client went away"):
+        rig.agent.run(ToolResume(respond=[reply]), snapshot_id=out.snapshot_id, on_chunk=on_chunk)
+    children = [s for s in rig.store.list_snapshots() if s.parent_id == out.snapshot_id]
+    assert [c.finish_reason for c in children] == [FinishReason.STOP]
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "already resumed",
+        rig.agent.run,
+        ToolResume(respond=[reply]),
+        snapshot_id=out.snapshot_id,
+    )
+
+
+def test_a_resume_cut_short_releases_the_claim() -> None:
+    """A `BaseException` (cancelled, interrupted, exiting) inside the resumed turn keeps
+    no snapshot and holds no claim: the pause can be answered again."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+
+    class Cancelled(BaseException):
+        pass
+
+    original = rig.gate.fn
+
+    def cut_short(inp: Num, res: Answer | None) -> Result:
+        raise Cancelled()
+
+    rig.gate.fn = cut_short
+    count = rig.snapshot_count()
+    with pytest.raises(Cancelled):
+        rig.agent.run(
+            ToolResume(restart=[rig.gate.resume(out.interrupts[0], Answer(ok=True))]),
+            snapshot_id=out.snapshot_id,
+        )
+    assert rig.snapshot_count() == count
+    stored = rig.store.get_snapshot(out.snapshot_id or "")
+    assert stored is not None and stored.resumed_by is None
+    rig.gate.fn = original
+    done = rig.agent.run(
+        ToolResume(restart=[rig.gate.resume(out.interrupts[0], Answer(ok=True))]),
+        snapshot_id=out.snapshot_id,
+    )
+    assert done.finish_reason is FinishReason.STOP
