@@ -160,7 +160,7 @@ def test_gated_call_needs_an_approval_to_run() -> None:
 # -- an interruptible tool behind the approval ------------------------------------------------
 
 
-def banking_behind_approval() -> tuple[Any, Any]:
+def banking_behind_approval(allowed: tuple[str, ...] = ("getBalance",)) -> tuple[Any, Any]:
     ai = Interlock()
     tool = ai.define_interruptible_tool("transferMoney", "transfer", transferMoney.fn)
     scripted.define(ai, "banking", banking_model)
@@ -168,7 +168,7 @@ def banking_behind_approval() -> tuple[Any, Any]:
         "bank",
         model="scripted/banking",
         tools=[tool],
-        middleware=[tool_approval(["getBalance"])],
+        middleware=[tool_approval(allowed)],
         store=InMemorySessionStore(),
     )
     return agent, tool
@@ -272,16 +272,7 @@ def test_approve_on_an_allowed_tools_own_interrupt_is_no_resume_data() -> None:
     """`approve` carries only the approval marker. Checked up front and at run time the
     same way for an allowed tool as for a gated one: the marker is not the tool's own
     resume data, so the tool runs again with `res=None` and asks again."""
-    ai = Interlock()
-    tool = ai.define_interruptible_tool("transferMoney", "transfer", transferMoney.fn)
-    scripted.define(ai, "banking", banking_model)
-    agent = ai.define_agent(
-        "bank",
-        model="scripted/banking",
-        tools=[tool],
-        middleware=[tool_approval(["transferMoney"])],
-        store=InMemorySessionStore(),
-    )
+    agent, tool = banking_behind_approval(allowed=("transferMoney",))
     out = agent.run_text("Transfer $5 to bob")
     [own] = out.interrupts
     assert tool.interrupt_as(own, ApprovalAsk) is not None, "allowed: the tool's own ask"
