@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
+
+from events.publisher import declare
 
 from .app import create_app, runtime_of
 from .settings import Settings
 
 app = create_app(Settings.from_env())
+
+log = logging.getLogger("interlock.worker")
+
+
+def _declare_topology(**_: Any) -> None:
+    """The exchanges and queues of `events.topology`, declared as the worker starts
+    (Celery declares only `interlock.turns`): a dashboard can bind its own queue to
+    `interlock.events` before the first event is published."""
+    with runtime_of(app).connection() as connection:
+        declare(connection)
+    log.info("declared Interlock's exchanges and queues")
 
 
 def _close_runtime(**_: Any) -> None:
@@ -22,3 +36,4 @@ def _close_runtime(**_: Any) -> None:
 # pools run turns there; a prefork parent has built nothing, and closes nothing).
 worker_process_shutdown.connect(_close_runtime, weak=False)
 worker_shutdown.connect(_close_runtime, weak=False)
+worker_ready.connect(_declare_topology, weak=False)

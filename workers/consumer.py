@@ -16,6 +16,7 @@ from kombu.mixins import ConsumerMixin
 from sqlalchemy.exc import DataError, IntegrityError
 
 from events.decision_log import DecisionRecord
+from events.publisher import declare
 from events.topology import DECISIONS
 from interlock import StatusError
 from schemas import (
@@ -69,6 +70,14 @@ class ResumeConsumer(ConsumerMixin):
 
     def on_connection_revived(self) -> None:
         log.info("connected to the broker")
+
+    def on_consume_ready(
+        self, connection: Connection, channel: Any, consumers: list[Consumer], **kw: Any
+    ) -> None:
+        # Declared before any event is published, so a dashboard can bind its own
+        # queue to `interlock.events` (or read `interlock.interrupted`) from the start.
+        declare(connection)
+        log.info("declared Interlock's exchanges and queues; consuming %s", DECISIONS.name)
 
     def on_iteration(self) -> None:
         if self.heartbeat is not None:
