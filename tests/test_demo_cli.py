@@ -81,6 +81,13 @@ def test_demo_in_process(demo_runs: dict[str, tuple[CliResult, Path]]) -> None:
     assert line["text"].startswith("Done: transferred $500.00 to savings, transaction txn-")
 
 
+def test_demo_refuses_approve_and_deny_together(tmp_path: Path) -> None:
+    result = run_cli("demo", "--approve", "--deny", cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.describe()
+    assert "give --approve or --deny, not both" in result.stderr
+    assert result.stdout == "", "nothing ran"
+
+
 # -------------------------------------------------------------------------- against a stack
 
 

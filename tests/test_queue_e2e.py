@@ -20,6 +20,7 @@ from typing import Any, cast
 import pytest
 from queue_helpers import (
     AGENT,
+    APP,
     Dashboard,
     QueueStack,
     cli_submit,
@@ -28,6 +29,7 @@ from queue_helpers import (
     interrupted_reader,
     module_stack,
     rabbitmq_vhost,
+    run_cli,
     stream_queue,
 )
 from services import eventually
@@ -323,3 +325,41 @@ def _unique(events: list[Any]) -> list[Any]:
             seen.add(e.event_id)
             out.append(e)
     return out
+
+
+# -------------------------------------------------------------------------- the CLI alone
+
+
+def test_the_cli_alone_submits_waits_and_decides(stack: QueueStack) -> None:
+    """`submit --wait` prints the turn.interrupted event, with the resume_token that
+    `decide` needs; `decide --wait` prints the outcome and the resumed turn's end."""
+    where = ["--broker", stack.broker_url, "--store", stack.store_url]
+    submitted = run_cli(
+        "submit", "--app", APP, "--agent", AGENT, "--text", "Transfer $42 to cli",
+        "--wait", "--timeout", "60", *where,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.describe()
+    ids, paused = submitted.json_lines()
+    assert paused["type"] == "turn.interrupted" and paused["turn_id"] == ids["turn_id"]
+    assert f"--token {paused['resume_token']}" in submitted.stderr
+
+    both = run_cli("decide", paused["snapshot_id"], "--token", paused["resume_token"],
+                   "--approve", "--deny", *where)  # fmt: skip
+    assert both.returncode == 2 and "exactly one of --approve, --deny" in both.stderr
+
+    wrong = run_cli("decide", paused["snapshot_id"], "--token", "not-it", "--approve",
+                    "--wait", *where)  # fmt: skip
+    assert wrong.returncode == 1, wrong.describe()
+    assert "PERMISSION_DENIED: decision rejected" in wrong.stderr
+    assert wrong.json_lines()[-1]["type"] == "decision.rejected"
+
+    decided = run_cli("decide", paused["snapshot_id"], "--token", paused["resume_token"],
+                      "--approve", "--reviewer", "cli@example.com", "--wait", *where)  # fmt: skip
+    assert decided.returncode == 0, decided.describe()
+    sent, accepted, completed = decided.json_lines()
+    assert accepted["type"] == "decision.accepted"
+    assert accepted["decision_id"] == sent["decision_id"]
+    assert completed["type"] == "turn.completed"
+    assert completed["turn_id"] == accepted["turn_id"]
+    answer = "".join(p.get("text") or "" for p in completed["message"]["content"])
+    assert answer.startswith("Done: transferred $42.00 to cli, transaction txn-"), answer

@@ -101,6 +101,68 @@ def settings_of(
     return Settings.from_env(app=app, broker_url=broker, store_url=store)
 
 
+wait_option = click.option(
+    "--wait",
+    is_flag=True,
+    help="Then wait for what follows on the queues and print each event as a JSON line.",
+)
+timeout_option = click.option(
+    "--timeout", default=60.0, show_default=True, help="Seconds to wait for each event."
+)
+
+
+class _Waiter:
+    """A queue of this command's own, bound to every event before anything is sent (so
+    nothing it waits for can pass unseen), deleted at the end."""
+
+    def __init__(self, settings: Settings, timeout: float) -> None:
+        from events.stream import EventStream
+
+        self.timeout = timeout
+        self.connection = Connection(
+            settings.broker_url,
+            transport=settings.broker_transport,
+            transport_options=settings.transport_options,
+        )
+        name = f"interlock.cli.{uuid.uuid4().hex[:12]}"
+        self.events = EventStream.bind(self.connection, name, "#", temporary=True)
+
+    def next(self, what: str, match: Callable[[Any], bool]) -> Any:
+        click.echo(f"waiting for {what} (up to {self.timeout:.0f}s)...", err=True)
+        try:
+            event = self.events.next(self.timeout, match=match)
+        except TimeoutError:
+            raise StatusError(
+                Status.DEADLINE_EXCEEDED,
+                f"no {what} within {self.timeout:.0f}s: are `interlock worker` and "
+                "`interlock resume-consumer` running on this broker and store?",
+            ) from None
+        emit(event.model_dump(mode="json"))
+        return event
+
+    def turn_event(self, turn_id: str) -> Any:
+        """The event that ends turn `turn_id`; a failed turn exits with an error."""
+        ends = ("turn.interrupted", "turn.completed", "turn.failed")
+        event = self.next(
+            f"turn {turn_id}", lambda e: e.type in ends and getattr(e, "turn_id", None) == turn_id
+        )
+        if event.type == "turn.failed":
+            raise StatusError(event.error.status, f"turn failed: {event.error.message}")
+        if event.type == "turn.interrupted":
+            click.echo(
+                f"paused: answer with `interlock decide {event.snapshot_id} "
+                f"--token {event.resume_token} --approve` (or --deny, --respond JSON)",
+                err=True,
+            )
+        return event
+
+    def close(self) -> None:
+        try:
+            self.events.close(delete=True)
+        finally:
+            self.connection.release()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="interlock")
 def main() -> None:
@@ -232,6 +294,8 @@ def resume_consumer(
 @click.option("--agent", "agent_name", required=True, help="Agent name in the registry.")
 @click.option("--text", required=True, help="The user's message.")
 @click.option("--session", "session_id", help="Continue this session (default: a new one).")
+@wait_option
+@timeout_option
 @clear_errors
 def submit(
     app: str | None,
@@ -240,8 +304,13 @@ def submit(
     agent_name: str,
     text: str,
     session_id: str | None,
+    wait: bool,
+    timeout: float,
 ) -> None:
-    """Enqueue a turn; prints {"turn_id", "session_id"}."""
+    """Enqueue a turn; prints {"turn_id", "session_id"}.
+
+    With --wait, then prints the event that ends the turn: turn.interrupted (with the
+    resume_token that `interlock decide` needs), turn.completed, or turn.failed (exit 1)."""
     from .app import create_app, runtime_of, send_turn
     from .turns import new_turn_request
 
@@ -255,8 +324,15 @@ def submit(
         AgentInput(message=Message(role="user", content=[Part(text=text)])),
         session_id=session_id,
     )
-    send_turn(celery_app, request)
-    emit({"turn_id": request.turn_id, "session_id": session_id})
+    waiter = _Waiter(settings, timeout) if wait else None
+    try:
+        send_turn(celery_app, request)
+        emit({"turn_id": request.turn_id, "session_id": session_id})
+        if waiter is not None:
+            waiter.turn_event(request.turn_id)
+    finally:
+        if waiter is not None:
+            waiter.close()
 
 
 @main.command()
@@ -315,15 +391,8 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
     required=True,
     help="The resume_token of the turn.interrupted event. [env: INTERLOCK_RESUME_TOKEN]",
 )
-@click.option(
-    "--approve",
-    "verdict",
-    flag_value="approve",
-    help='Restart each interrupt with {"approved": true}.',
-)
-@click.option(
-    "--deny", "verdict", flag_value="deny", help='Restart each interrupt with {"approved": false}.'
-)
+@click.option("--approve", is_flag=True, help='Restart each interrupt with {"approved": true}.')
+@click.option("--deny", is_flag=True, help='Restart each interrupt with {"approved": false}.')
 @click.option(
     "--respond",
     "respond_json",
@@ -338,28 +407,36 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
 )
 @click.option("--feedback", default=None, help="Feedback sent with --approve/--deny.")
 @click.option("--reviewer", default=None, help="Who decides (kept in the audit trail).")
+@wait_option
+@timeout_option
 @clear_errors
 def decide(
     snapshot_id: str,
     broker: str | None,
     store: str | None,
     resume_token: str,
-    verdict: str | None,
+    approve: bool,
+    deny: bool,
     respond_json: str | None,
     refs: tuple[str, ...],
     feedback: str | None,
     reviewer: str | None,
+    wait: bool,
+    timeout: float,
 ) -> None:
-    """Publish a decision on a paused turn; prints {"decision_id", "snapshot_id"}.
+    """Publish a decision on a paused turn; prints {"decision_id", "snapshot_id", "refs"}.
 
-    The resume consumer checks it and publishes decision.accepted or decision.rejected."""
+    The resume consumer checks it and publishes decision.accepted or decision.rejected.
+    With --wait, then prints that outcome (a rejection exits 1) and, once accepted, the
+    event that ends the resumed turn."""
     from events.publisher import Publisher
     from interlock import SqlSessionStore
     from interlock.resume import pending_interrupts
     from schemas import Decision, RespondEntry, RestartEntry
 
-    if (verdict is None) == (respond_json is None):
+    if [approve, deny, respond_json is not None].count(True) != 1:
         raise click.UsageError("give exactly one of --approve, --deny, --respond JSON")
+    verdict = "approve" if approve else "deny"
     output: Any = None
     if respond_json is not None:
         try:
@@ -404,20 +481,33 @@ def decide(
         respond=respond_entries,
         restart=restart_entries,
     )
-    with Connection(
-        settings.broker_url,
-        transport=settings.broker_transport,
-        transport_options=settings.transport_options,
-    ) as conn:
-        Publisher(conn).publish_decision(decision)
-    emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
+    waiter = _Waiter(settings, timeout) if wait else None
+    try:
+        with Connection(
+            settings.broker_url,
+            transport=settings.broker_transport,
+            transport_options=settings.transport_options,
+        ) as conn:
+            Publisher(conn).publish_decision(decision)
+        emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
+        if waiter is None:
+            return
+        outcome = waiter.next(
+            f"the outcome of decision {decision_id}",
+            lambda e: e.type.startswith("decision.") and e.decision_id == decision_id,
+        )
+        if outcome.type == "decision.rejected":
+            raise StatusError(outcome.error.status, f"decision rejected: {outcome.error.message}")
+        if outcome.turn_id is not None:
+            waiter.turn_event(outcome.turn_id)
+    finally:
+        if waiter is not None:
+            waiter.close()
 
 
 @main.command()
-@click.option(
-    "--approve", "decision", flag_value=True, default=None, help="Approve without asking."
-)
-@click.option("--deny", "decision", flag_value=False, help="Deny without asking.")
+@click.option("--approve", is_flag=True, help="Approve without asking.")
+@click.option("--deny", is_flag=True, help="Deny without asking.")
 @click.option("--text", default=DEMO_TEXT, show_default=True, help="What the user asks.")
 @click.option(
     "--broker",
@@ -440,7 +530,8 @@ def decide(
 )
 @clear_errors
 def demo(
-    decision: bool | None,
+    approve: bool,
+    deny: bool,
     text: str,
     broker: str | None,
     store: str | None,
@@ -453,7 +544,9 @@ def demo(
     and a SQLite store."""
     from .demo import ask_human, run_in_process, run_on_queues
 
-    decide_fn = ask_human(decision)
+    if approve and deny:
+        raise click.UsageError("give --approve or --deny, not both")
+    decide_fn = ask_human(True if approve else False if deny else None)
     if in_process:
         out = run_in_process(text, decide_fn, model=model)
         emit({"finish_reason": out.finish_reason.value, "text": out.text})
