@@ -3,6 +3,7 @@ refused before it ran has had its answer, and a second delivery does not run it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,57 @@ def test_a_refusal_ends_the_turn_for_the_journal(rt: Runtime) -> None:
     assert (start.kind, start.snapshot_id, start.status) == (TurnStartKind.ENDED, None, "refused")
     assert journal.holder(request.turn_id) is not None, "its expired lease row is kept"
     assert _failed_events(rt, request.turn_id) == 1
+
+
+def _failed_bodies(rt: Runtime) -> list[dict[str, Any]]:
+    with rt.store.engine.connect() as conn:
+        rows = conn.execute(
+            select(outbox_table.c.body).where(outbox_table.c.routing_key == "turn.failed")
+        ).all()
+    return [json.loads(r[0]) for r in rows]
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (
+            {"schema_version": 2, "turn_id": "t-v2", "agent": "bankingAgent", "input": {}},
+            "invalid run_turn request: schema_version: Input should be 1",
+        ),
+        (
+            {"turn_id": "t-bad", "agent": "bankingAgent", "session_id": "s-bad",
+             "input": {"message": {"role": "user", "content": "not a list"}}},
+            "invalid turn input: message.content: Input should be a valid list",
+        ),
+        (
+            {"turn_id": "t-empty", "agent": "bankingAgent", "input": {}},
+            "invalid turn input: ",
+        ),
+    ],
+    ids=["unknown-version", "bad-message", "neither-message-nor-resume"],
+)  # fmt: skip
+def test_a_task_message_written_by_hand_wrong_is_answered(
+    rt: Runtime, payload: dict[str, Any], message: str
+) -> None:
+    """A client that writes the task message itself and gets it wrong hears so: one
+    turn.failed (INVALID_ARGUMENT) with the ids it gave, and a second delivery of the
+    same message adds nothing."""
+    first = run_turn(rt, payload)
+    assert first["error"]["status"] == "INVALID_ARGUMENT", first
+    assert first["error"]["message"].startswith(message), first
+    again = run_turn(rt, payload)
+    assert again["turn_id"] == payload["turn_id"]
+    [event] = _failed_bodies(rt)
+    assert event["turn_id"] == payload["turn_id"]
+    assert event["agent"] == "bankingAgent"
+    assert event["session_id"] == payload.get("session_id")
+    assert event["error"] == first["error"]
+
+
+def test_a_task_argument_that_is_no_object_is_answered(rt: Runtime) -> None:
+    result = run_turn(rt, ["not", "an", "object"])  # type: ignore[arg-type]
+    assert result["turn_id"] is None
+    assert result["error"]["status"] == "INVALID_ARGUMENT"
+    [event] = _failed_bodies(rt)
+    assert (event["turn_id"], event["agent"]) == (None, None)
+    assert event["error"]["message"].startswith("invalid run_turn request: ")

@@ -10,9 +10,12 @@ import uuid
 import weakref
 from typing import Any
 
-from interlock import AgentInput, InterlockError, StatusError
+from pydantic import ValidationError
+
+from interlock import AgentInput, InterlockError, Status, StatusError
 from interlock.journal import TurnJournal
 from interlock.stores.sql_journal import SqlTurnJournal, TurnStartKind
+from interlock.tools import brief
 from schemas import SnapshotStatus, TurnFailed, TurnRequest
 
 from .runtime import Runtime
@@ -47,7 +50,10 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     A redelivered turn whose worker died replays the journal: completed tool calls do
     not run again. A turn that fails is recorded (`turn.failed`) and not retried: it is
     an answer. Infrastructure errors (database, broker) propagate and are retried."""
-    request = TurnRequest.model_validate(payload)
+    try:
+        request = TurnRequest.model_validate(payload)
+    except ValidationError as exc:
+        return _unreadable(rt, payload, exc)
     owner = f"{rt.worker_id}:{uuid.uuid4().hex[:8]}"
     start = rt.journal.begin(request.turn_id, owner, rt.settings.turn_lease)
     if start.kind is TurnStartKind.ENDED:
@@ -69,11 +75,58 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _unreadable(rt: Runtime, payload: Any, exc: ValidationError) -> dict[str, Any]:
+    """A task whose argument is no turn request (a client that wrote the task message by
+    hand): it cannot run, and says so with `turn.failed` (INVALID_ARGUMENT), carrying
+    what ids could be read. Not retried: it would fail the same way."""
+    fields = payload if isinstance(payload, dict) else {}
+
+    def read(key: str) -> str | None:
+        value = fields.get(key)
+        return value if isinstance(value, str) else None
+
+    error = StatusError(Status.INVALID_ARGUMENT, f"invalid run_turn request: {brief(exc)}")
+    turn_id = read("turn_id")
+    log.warning("turn %s refused: %s", turn_id, error.message)
+    event = TurnFailed(
+        agent=read("agent"),
+        session_id=read("session_id"),
+        turn_id=turn_id,
+        error=error.to_info(),
+        last_snapshot_id=read("snapshot_id"),
+    )
+    fresh = _refuse(rt, event)
+    _flush(rt)
+    result: dict[str, Any] = {"turn_id": turn_id, "error": error.to_json()}
+    return result if fresh else {**result, "duplicate": True}
+
+
+def _refuse(rt: Runtime, event: TurnFailed) -> bool:
+    """Announce a turn refused before it ran (`event`) and, when it has an id, end it
+    with the journal's refusal entry, in one transaction. False when that turn was
+    refused (and announced) before: nothing is written again."""
+    journal, outbox = rt.journal, rt.outbox  # built (tables created) before the transaction
+    with rt.store.writer().begin() as conn:
+        if event.turn_id is not None and not journal.refuse_in(
+            conn, event.session_id, event.turn_id, event.error.model_dump(mode="json")
+        ):
+            return False
+        outbox.add(conn, event)
+    return True
+
+
+def _input_of(request: TurnRequest) -> AgentInput:
+    try:
+        return AgentInput.model_validate(request.input)
+    except ValidationError as exc:
+        raise StatusError(Status.INVALID_ARGUMENT, f"invalid turn input: {brief(exc)}") from exc
+
+
 def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, Any]:
     try:
         agent = rt.agent(request.agent)
         out = agent.run(
-            AgentInput.model_validate(request.input),
+            _input_of(request),
             session_id=request.session_id,
             snapshot_id=request.snapshot_id,
             claimed_by=request.claimed_by,
@@ -92,19 +145,16 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, A
             # Refused before the turn ran: no snapshot carries the event or ends the
             # turn. The journal's refusal entry ends it, in the event's transaction.
             session_id, last_snapshot_id = _where_it_stands(rt, request)
-            with rt.store.writer().begin() as conn:
-                rt.journal.refuse_in(conn, session_id, request.turn_id, error.to_json())
-                rt.outbox.add(
-                    conn,
-                    TurnFailed(
-                        agent=request.agent,
-                        session_id=session_id,
-                        snapshot_id=None,
-                        turn_id=request.turn_id,
-                        error=error.to_info(),
-                        last_snapshot_id=last_snapshot_id,
-                    ),
-                )
+            _refuse(
+                rt,
+                TurnFailed(
+                    agent=request.agent,
+                    session_id=session_id,
+                    turn_id=request.turn_id,
+                    error=error.to_info(),
+                    last_snapshot_id=last_snapshot_id,
+                ),
+            )
         log.info("turn %s failed: %s", request.turn_id, error)
         failed: dict[str, Any] = {"turn_id": request.turn_id, "error": error.to_json()}
         ended_with = getattr(exc, "snapshot_id", None)

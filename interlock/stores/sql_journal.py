@@ -194,11 +194,14 @@ class SqlTurnJournal:
         except IntegrityError:
             pass  # the first value written wins
 
-    def refuse_in(self, conn: Connection, session_id: str | None, turn_id: str, error: Any) -> None:
+    def refuse_in(self, conn: Connection, session_id: str | None, turn_id: str, error: Any) -> bool:
         """End `turn_id` as refused before it ran (`error`, JSON), in the caller's
         transaction: `begin` answers ENDED for it from then on, so a redelivery or a
         second submission of the same turn is not run later, when the reason for the
-        refusal may have gone (the turn has had its answer)."""
+        refusal may have gone (the turn has had its answer). False when it was refused
+        already (the caller must not announce it again)."""
+        if conn.execute(_REFUSAL, {"p_turn": turn_id}).first() is not None:
+            return False
         row = {
             "turn_id": turn_id,
             "key": REFUSED,
@@ -207,6 +210,7 @@ class SqlTurnJournal:
             "created_at": utcnow(),
         }
         conn.execute(_RECORD, row)
+        return True
 
     # -- a worker's turn ----------------------------------------------------------------
 
