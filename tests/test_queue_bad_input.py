@@ -148,6 +148,18 @@ def test_unknown_snapshot_is_not_found(dash: Dashboard) -> None:
     assert event.snapshot_id == body["snapshot_id"]
 
 
+def test_a_snapshot_that_did_not_pause_is_failed_precondition(dash: Dashboard) -> None:
+    """The turn that answered a pause ended `stop`: a decision naming its snapshot is
+    refused for what that snapshot is, with the token of the pause or with none."""
+    paused = dash.paused("Transfer $16 to finished")
+    done = dash.resolve(paused)
+    assert done.type == "turn.completed"
+    for token in (paused.resume_token, "any"):
+        body = decision(done.snapshot_id, token, restart=restart_all(paused))
+        event = rejected(dash, body, Status.FAILED_PRECONDITION, "is not interrupted")
+        assert event.snapshot_id == done.snapshot_id
+
+
 def test_double_decision_one_accepted_one_failed_precondition(dash: Dashboard) -> None:
     paused = dash.paused("Transfer $17 to double")
     approve = dash.approve_all(paused, approved=True)

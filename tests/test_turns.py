@@ -4,6 +4,7 @@ refused before it ran has had its answer, and a second delivery does not run it.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,18 @@ from sqlalchemy import func, select
 
 from events.outbox import outbox_table
 from examples.banking import ApprovalReply, ai, transferMoney
-from interlock import AgentInput, Message, Part, ToolResume
+from interlock import (
+    AgentInput,
+    Message,
+    Part,
+    SqlSessionStore,
+    Status,
+    StatusError,
+    ToolResume,
+)
 from interlock.stores.sql_journal import SqlTurnJournal, TurnStartKind
-from schemas import SnapshotStatus
+from schemas import Decision, SnapshotStatus
+from workers.decisions import evaluate
 from workers.runtime import Runtime
 from workers.settings import Settings
 from workers.turns import new_turn_request, run_turn
@@ -149,3 +159,49 @@ def test_a_task_argument_that_is_no_object_is_answered(rt: Runtime) -> None:
     [event] = _failed_bodies(rt)
     assert (event["turn_id"], event["agent"]) == (None, None)
     assert event["error"]["message"].startswith("invalid run_turn request: ")
+
+
+def test_a_pause_made_without_the_outbox_still_needs_a_token(tmp_path: Path) -> None:
+    """A Python backend pausing a turn in-process on the store the consumer reads issues
+    no token: a decision for that pause is PERMISSION_DENIED whatever it carries; the
+    "never paused" exemption from the token check covers only snapshots that cannot be
+    resumed at all."""
+    url = f"sqlite:///{tmp_path}/shared.db"
+    backend = SqlSessionStore(url)
+    try:
+        agent = ai.lookup_agent("bankingAgent").with_store(backend)
+        paused = agent.run_text("Transfer $3 to in-process")
+        done_elsewhere = agent.run_text("hello", session_id=str(uuid.uuid4()))
+    finally:
+        backend.dispose()
+    runtime = Runtime(Settings(broker_url="memory://localhost/", store_url=url), ai)
+    try:
+        snapshot = runtime.store.get_snapshot(paused.snapshot_id or "")
+        assert snapshot is not None and snapshot.resume_token_hash is None
+        [ask] = paused.interrupts
+        assert ask.tool_request is not None
+        entry = {
+            "name": "transferMoney",
+            "ref": ask.tool_request.ref,
+            "resumed": {"approved": True},
+        }
+        for token in ("guess", ""):
+            wanted = Decision.model_validate(
+                {"decision_id": str(uuid.uuid4()), "snapshot_id": snapshot.snapshot_id,
+                 "resume_token": token, "restart": [entry]}
+            )  # fmt: skip
+            with pytest.raises(StatusError) as info:
+                evaluate(runtime, wanted, snapshot)
+            assert info.value.status is Status.PERMISSION_DENIED
+        finished = runtime.store.get_snapshot(done_elsewhere.snapshot_id or "")
+        assert finished is not None
+        late = Decision.model_validate(
+            {"decision_id": str(uuid.uuid4()), "snapshot_id": finished.snapshot_id,
+             "resume_token": "guess", "restart": [entry]}
+        )  # fmt: skip
+        with pytest.raises(StatusError) as info:
+            evaluate(runtime, late, finished)
+        assert info.value.status is Status.FAILED_PRECONDITION
+        assert "is not interrupted" in info.value.message
+    finally:
+        runtime.close()

@@ -142,7 +142,10 @@ def evaluate(rt: Runtime, decision: Decision, snapshot: Snapshot | None) -> Turn
     claim (rule 6) is the caller's, in the transaction that records the outcome."""
     if snapshot is None:
         raise SnapshotNotFoundError(f"snapshot {decision.snapshot_id} not found")
-    if not token_matches(decision.resume_token, snapshot.resume_token_hash):
+    # A snapshot that never paused was issued no token and can never be resumed: it is
+    # refused for what it is (FAILED_PRECONDITION, rule 4) whatever token came with it.
+    paused = snapshot.finish_reason == FinishReason.INTERRUPTED
+    if paused and not token_matches(decision.resume_token, snapshot.resume_token_hash):
         raise StatusError(
             Status.PERMISSION_DENIED,
             f"resume_token does not match snapshot {snapshot.snapshot_id}",
