@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from ._base import WireModel
-from .parts import Message, Part, Role
+from .parts import Message, Part, Role, exactly_one_of
 from .status import Status
 
 __all__ = [
@@ -50,6 +50,8 @@ class ToolResume(WireModel):
 
 class AgentInput(WireModel):
     """One turn's input: a new message, or a resume. Exactly one is set."""
+
+    model_config = ConfigDict(json_schema_extra=exactly_one_of("message", "resume"))
 
     message: Message | None = None
     resume: ToolResume | None = None

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .agent import AgentInput
 from .decisions import Decision, TurnRequest
 from .events import (
     DecisionAccepted,
@@ -38,6 +39,16 @@ def _always_present(schema: dict[str, Any]) -> None:
         schema["required"] = sorted(schema["properties"])
 
 
+def _typed_input(schema: dict[str, Any]) -> None:
+    """`run_turn`'s `input` is an `AgentInput` (the model keeps it as a JSON object, so
+    a bad one is answered with turn.failed rather than lost): the schema says which."""
+    agent_input = AgentInput.model_json_schema(mode="validation")
+    defs = schema.setdefault("$defs", {})
+    defs.update(agent_input.pop("$defs", {}))
+    defs["AgentInput"] = agent_input
+    schema["properties"]["input"] = {"$ref": "#/$defs/AgentInput"}
+
+
 def message_schemas() -> dict[str, dict[str, Any]]:
     """File name → JSON Schema, for each message and for the union of events."""
     out = {}
@@ -45,6 +56,8 @@ def message_schemas() -> dict[str, dict[str, Any]]:
         schema = model.model_json_schema(mode="validation")
         if name.startswith(("turn.", "decision.")):
             _always_present(schema)
+        if name == "run_turn":
+            _typed_input(schema)
         out[f"{name}.schema.json"] = schema
     union = event_adapter.json_schema(mode="validation")
     for title, sub in union.get("$defs", {}).items():

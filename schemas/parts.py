@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import model_validator
+from pydantic import ConfigDict, model_validator
+from pydantic.alias_generators import to_camel
 
 from ._base import WireModel
 
@@ -44,8 +45,23 @@ class ToolResponse(WireModel):
     output: Any = None
 
 
+def exactly_one_of(*fields: str) -> Any:
+    """A `json_schema_extra` that says in a model's JSON Schema what its validator checks:
+    exactly one of `fields` (snake_case) is present and not null (null counts as absent)."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["oneOf"] = [
+            {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+            for name in (to_camel(field) for field in fields)
+        ]
+
+    return extra
+
+
 class Part(WireModel):
     """One piece of a message: exactly one content field, plus optional metadata."""
+
+    model_config = ConfigDict(json_schema_extra=exactly_one_of(*_CONTENT_FIELDS))
 
     text: str | None = None
     data: Any = None

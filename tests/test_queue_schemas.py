@@ -88,3 +88,52 @@ def test_decision_validates_and_bad_one_does_not() -> None:
         jsonschema.validate({"schema_version": 1, "snapshot_id": "s"}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"schema_version": 2, "decision_id": "d", "snapshot_id": "s"}, schema)
+
+
+ENTRIES: list[tuple[str, dict[str, Any]]] = [
+    ("restart", {}),
+    ("restart", {"ref": "a"}),
+    ("restart", {"name": "n", "ref": "r", "resumed": True}),
+    ("respond", {"name": "n"}),
+    ("respond", {"text": "a", "data": 1}),
+    ("respond", {"text": None}),
+    ("restart", {"name": "n", "ref": "r", "resumed": {"approved": True}}),
+    ("respond", {"name": "n", "ref": "r", "output": {"ok": True}}),
+    ("restart", Part(text="x").model_dump(mode="json")),
+    (
+        "respond",
+        {"toolResponse": {"name": "n", "ref": "r", "output": 1}, "metadata": {"x": 1}},
+    ),
+]
+
+
+@pytest.mark.parametrize(("where", "entry"), ENTRIES, ids=[str(e) for _, e in ENTRIES])
+def test_the_decision_schema_accepts_what_the_model_accepts(
+    where: str, entry: dict[str, Any]
+) -> None:
+    """A dashboard that validates against decision.schema.json before it sends gets the
+    consumer's answer: what the schema accepts parses, and what it refuses does not."""
+    body = {"schema_version": 1, "decision_id": "d", "snapshot_id": "s", where: [entry]}
+    try:
+        Decision.model_validate(body)
+        parses = True
+    except ValueError:
+        parses = False
+    errors = list(jsonschema.Draft202012Validator(load("decision.schema.json")).iter_errors(body))
+    assert (not errors) == parses, (parses, [e.message for e in errors])
+
+
+@pytest.mark.parametrize(
+    ("given", "valid"),
+    [
+        ({"message": {"role": "user", "content": [{"text": "hi"}]}}, True),
+        ({"resume": {"respond": [], "restart": []}}, True),
+        ({}, False),
+        ({"message": {"role": "user", "content": "hi"}}, False),
+        ({"message": {"role": "user", "content": []}, "resume": {}}, False),
+    ],
+)
+def test_the_run_turn_schema_types_the_input(given: dict[str, Any], valid: bool) -> None:
+    body = {"schema_version": 1, "turn_id": "t", "agent": "a", "input": given}
+    validator = jsonschema.Draft202012Validator(load("run_turn.schema.json"))
+    assert validator.is_valid(body) is valid
