@@ -7,11 +7,31 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from events.redis_transport import transport_for
+from interlock import Status, StatusError
 
 __all__ = ["Settings"]
 
 DEFAULT_BROKER = "redis://localhost:6379/0"
 DEFAULT_STORE = "sqlite:///interlock.db"
+
+
+def _seconds(name: str, default: float, *, whole: bool = False) -> float:
+    """A positive number of seconds from the variable `name` (`default` when unset or
+    empty); anything else is a clear INVALID_ARGUMENT naming the variable."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    kind = "a whole number" if whole else "a number"
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        value = -1
+    if not value > 0 or value == float("inf"):
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"{name} must be {kind} of seconds greater than 0, got {raw!r}",
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -36,9 +56,9 @@ class Settings:
             store_url=env.get("INTERLOCK_STORE_URL", DEFAULT_STORE),
             app=env.get("INTERLOCK_APP") or None,
             secret=env.get("INTERLOCK_SECRET") or None,
-            visibility_timeout=int(env.get("INTERLOCK_VISIBILITY_TIMEOUT", "3600")),
-            relay_interval=float(env.get("INTERLOCK_RELAY_INTERVAL", "5")),
-            turn_lease=float(env.get("INTERLOCK_TURN_LEASE", "60")),
+            visibility_timeout=int(_seconds("INTERLOCK_VISIBILITY_TIMEOUT", 3600, whole=True)),
+            relay_interval=_seconds("INTERLOCK_RELAY_INTERVAL", 5.0),
+            turn_lease=_seconds("INTERLOCK_TURN_LEASE", 60.0),
             heartbeat_file=env.get("INTERLOCK_HEARTBEAT_FILE") or None,
         )
         return replace(base, **{k: v for k, v in overrides.items() if v is not None})

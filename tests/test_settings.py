@@ -1,0 +1,56 @@
+"""Settings from `INTERLOCK_*` variables: numbers are checked, with a clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from queue_helpers import child_env, run_cli
+
+from interlock import Status, StatusError
+from workers.settings import Settings
+
+
+def test_numbers_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTERLOCK_VISIBILITY_TIMEOUT", "120")
+    monkeypatch.setenv("INTERLOCK_RELAY_INTERVAL", "0.5")
+    monkeypatch.setenv("INTERLOCK_TURN_LEASE", " 30 ")
+    settings = Settings.from_env()
+    assert (settings.visibility_timeout, settings.relay_interval, settings.turn_lease) == (
+        120,
+        0.5,
+        30.0,
+    )
+    monkeypatch.setenv("INTERLOCK_TURN_LEASE", "")
+    assert Settings.from_env().turn_lease == 60.0, "empty means the default"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "kind"),
+    [
+        ("INTERLOCK_VISIBILITY_TIMEOUT", "abc", "a whole number"),
+        ("INTERLOCK_VISIBILITY_TIMEOUT", "1.5", "a whole number"),
+        ("INTERLOCK_VISIBILITY_TIMEOUT", "0", "a whole number"),
+        ("INTERLOCK_RELAY_INTERVAL", "-1", "a number"),
+        ("INTERLOCK_TURN_LEASE", "nan", "a number"),
+        ("INTERLOCK_TURN_LEASE", "inf", "a number"),
+    ],
+)
+def test_a_bad_number_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, kind: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(StatusError) as info:
+        Settings.from_env()
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert info.value.message == f"{name} must be {kind} of seconds greater than 0, got {value!r}"
+
+
+def test_the_cli_says_which_variable_is_wrong(tmp_path: Path) -> None:
+    env = child_env(INTERLOCK_VISIBILITY_TIMEOUT="soon")
+    result = run_cli("pending", "--store", f"sqlite:///{tmp_path}/i.db", env=env, timeout=60)
+    assert result.returncode == 1, result.describe()
+    assert result.stderr.strip() == (
+        "error: INVALID_ARGUMENT: INTERLOCK_VISIBILITY_TIMEOUT must be a whole number of "
+        "seconds greater than 0, got 'soon'"
+    )
