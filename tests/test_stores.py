@@ -619,3 +619,47 @@ def test_postgres_a_failed_ping_retires_the_older_connections_too(
             assert b.execute(text("SELECT 1")).scalar_one() == 1
     finally:
         store.close()
+
+
+def test_an_in_memory_sqlite_store_serves_threads_one_at_a_time() -> None:
+    """`sqlite://` is one shared connection: threads racing to resume one pause get one
+    winner and "already resumed" for the others, never a driver error such as "cannot
+    start a transaction within a transaction"."""
+    import threading
+
+    from examples.banking import ApprovalReply, ai, transferMoney
+    from interlock import AgentInput, ToolResume
+
+    store = SqlSessionStore("sqlite://")
+    try:
+        agent = ai.lookup_agent("bankingAgent").with_store(store)
+        paused = agent.run_text("Transfer $9 to threads")
+        [ask] = paused.interrupts
+        resume = AgentInput(
+            resume=ToolResume(restart=[transferMoney.resume(ask, ApprovalReply(approved=True))])
+        )
+        start = threading.Barrier(8)
+        outcomes: list[str] = []
+
+        def race() -> None:
+            start.wait()
+            try:
+                agent.run(resume, snapshot_id=paused.snapshot_id)
+                outcomes.append("resumed")
+            except StatusError as exc:
+                outcomes.append(f"{exc.status.value}: {exc.message}")
+            except Exception as exc:
+                outcomes.append(f"unexpected {type(exc).__name__}: {exc}")
+
+        threads = [threading.Thread(target=race) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert outcomes.count("resumed") == 1, outcomes
+        refused = [o for o in outcomes if o != "resumed"]
+        assert len(refused) == 7 and all(
+            o.startswith("FAILED_PRECONDITION") and "already resumed" in o for o in refused
+        ), outcomes
+    finally:
+        store.dispose()

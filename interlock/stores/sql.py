@@ -24,6 +24,7 @@ builds the store with `create_tables=False`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -254,7 +255,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     queue instead of failing with "database is locked". Writers of a database file
     first take a lock file beside it (`<path>.writelock`, see `_WriteLock`), so they
     queue in the kernel rather than in SQLite's polling busy handler. An in-memory
-    SQLite URL shares one connection. `?synchronous=normal` (or `off`, `full`,
+    SQLite URL shares one connection, one thread at a time. `?synchronous=normal` (or `off`, `full`,
     `extra`) in a SQLite URL sets that pragma on every connection; SQLite's default,
     FULL, waits for the disk at every commit. PostgreSQL (`postgresql+psycopg://...`):
     a pooled connection that sat idle for `PING_AFTER` seconds or more is pinged before
@@ -296,7 +297,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     connect_args.setdefault("timeout", 30)
     if memory:
         connect_args.setdefault("check_same_thread", False)
-        kwargs.setdefault("poolclass", StaticPool)
+        kwargs.setdefault("poolclass", _SharedMemoryPool)
     engine = create_engine(sa_url, connect_args=connect_args, **kwargs)
     write_lock = _WriteLock.beside(sa_url.database) if not memory else None
 
@@ -371,6 +372,33 @@ cost a round trip per transaction (about a tenth of a turn's). A connection lost
 in use, or within this time (the server restarted), fails that one operation with a
 disconnect error, and the pool replaces all of its connections: workers retry the
 turn, consumers requeue the decision."""
+
+
+class _SharedMemoryPool(StaticPool):
+    """The pool of an in-memory SQLite database: its one connection, shared by every
+    thread, held by one thread at a time from checkout to checkin (a second thread
+    waits), so two threads never run a transaction on it at once. The same thread may
+    nest. Taken before the pool hands the connection out: StaticPool keeps one record,
+    and two threads holding it at once would confuse its bookkeeping."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._holder = threading.RLock()
+
+    def _do_get(self) -> Any:
+        self._holder.acquire()
+        try:
+            return super()._do_get()
+        except BaseException:
+            self._holder.release()
+            raise
+
+    def _do_return_conn(self, record: Any) -> None:
+        try:
+            super()._do_return_conn(record)
+        finally:
+            with contextlib.suppress(RuntimeError):  # given back by another thread (by GC)
+                self._holder.release()
 
 
 def _ping_when_idle(engine: Engine) -> None:
