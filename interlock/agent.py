@@ -117,13 +117,22 @@ class Agent:
         base = self._address(agent_input, session_id, snapshot_id, state)
         answers: Mapping[str, Answer] | None = None
         claim: str | None = None
-        if agent_input.resume is not None:
-            answers = self._plan(agent_input.resume, base, claimed_by)
-        else:
-            self._check_not_paused(base)
-        model = self.registry.lookup_model(self.model)  # before a claim that could leak
-        if agent_input.resume is not None:
-            claim = self._claim(base, claimed_by)
+        try:
+            if agent_input.resume is not None:
+                answers = self._plan(agent_input.resume, base, claimed_by)
+            else:
+                self._check_not_paused(base)
+            model = self.registry.lookup_model(self.model)  # before a claim that could leak
+            if agent_input.resume is not None:
+                claim = self._claim(base, claimed_by)
+        except BaseException:
+            # A resume the caller claimed (the resume consumer) and this run refused (a
+            # model that cannot be reached, a rule that no longer holds): the claim is
+            # given back, as for a resumed turn that fails, so the pause can be answered
+            # again. A claim held by someone else is not touched (`release` checks).
+            if agent_input.resume is not None and claimed_by is not None:
+                self._release(base, claimed_by)
+            raise
         turn = Turn(
             agent=self.name,
             model=model,

@@ -831,3 +831,38 @@ def test_a_resume_cut_short_releases_the_claim() -> None:
         snapshot_id=out.snapshot_id,
     )
     assert done.finish_reason is FinishReason.STOP
+
+
+def test_a_claimed_resume_refused_before_it_runs_gives_the_claim_back() -> None:
+    """The resume consumer claims, the worker runs: when the run refuses before the turn
+    starts (here its model cannot be found), the caller's claim is released, as for a
+    resumed turn that fails, so the pause can be answered again. Someone else's claim
+    is left alone."""
+    import dataclasses
+
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    sid = out.snapshot_id or ""
+    reply = ToolResume(respond=[rig.gate.respond(out.interrupts[0], {"value": 7})])
+    broken = dataclasses.replace(rig.agent, model="scripted/nowhere")
+    assert rig.store.claim(sid, "decision-1")
+    with pytest.raises(StatusError) as info:
+        broken.run(reply, snapshot_id=sid, claimed_by="decision-1")
+    assert info.value.status is Status.NOT_FOUND
+    stored = rig.store.get_snapshot(sid)
+    assert stored is not None and stored.resumed_by is None, "the claim was given back"
+
+    assert rig.store.claim(sid, "someone-else")
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "already resumed",
+        broken.run,
+        reply,
+        snapshot_id=sid,
+        claimed_by="decision-1",
+    )
+    stored = rig.store.get_snapshot(sid)
+    assert stored is not None and stored.resumed_by == "someone-else"
+    rig.store.release(sid, "someone-else")
+    done = rig.agent.run(reply, snapshot_id=sid)
+    assert done.finish_reason is FinishReason.STOP
