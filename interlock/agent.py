@@ -23,7 +23,7 @@ from schemas import (
     utcnow,
 )
 
-from .errors import ResumeValidationError, SnapshotNotFoundError, StatusError
+from .errors import InterlockError, ResumeValidationError, SnapshotNotFoundError, StatusError
 from .journal import TurnJournal
 from .middleware import Middleware
 from .resume import Answer, check_resumable, pending_interrupts, plan_resume
@@ -125,11 +125,13 @@ class Agent:
             model = self.registry.lookup_model(self.model)  # before a claim that could leak
             if agent_input.resume is not None:
                 claim = self._claim(base, claimed_by)
-        except BaseException:
+        except InterlockError:
             # A resume the caller claimed (the resume consumer) and this run refused (a
-            # model that cannot be reached, a rule that no longer holds): the claim is
-            # given back, as for a resumed turn that fails, so the pause can be answered
-            # again. A claim held by someone else is not touched (`release` checks).
+            # model that cannot be reached, a rule that no longer holds) has had its
+            # answer: the claim is given back, as for a resumed turn that fails, so the
+            # pause can be answered again. A claim held by someone else is not touched
+            # (`release` checks). An error of the store is no answer: the caller retries
+            # under its claim.
             if agent_input.resume is not None and claimed_by is not None:
                 self._release(base, claimed_by)
             raise
@@ -147,6 +149,12 @@ class Agent:
             config=dict(self.config) if self.config else None,
             journal=journal,
         )
+        # A claim this run made itself is given back whenever the run ends without its
+        # snapshot (cancelled, interrupted, the store failing): the pause can be answered
+        # again. A caller's claim (`claimed_by`: the worker of a queued resume, which is
+        # delivered again after a crash and must go on under it) is given back only with
+        # a failed snapshot kept, that is once the turn has had its answer.
+        own = claim if claimed_by is None else None
         try:
             if answers is not None:
                 result = turn.resume(answers)
@@ -154,15 +162,15 @@ class Agent:
                 assert agent_input.message is not None
                 result = turn.start(agent_input.message)
         except Exception as exc:
-            self._record_failure(base, turn, exc, claim)
+            self._record_failure(base, turn, exc, claim, own)
             raise
-        except BaseException:  # cancelled, interrupted, exiting: nothing kept, nothing held
-            self._release(base, claim)
+        except BaseException:
+            self._release(base, own)
             raise
         try:
             out = self._finish(base, turn, result)
-        except BaseException:  # the snapshot was not saved: the pause can be answered again
-            self._release(base, claim)
+        except BaseException:
+            self._release(base, own)
             raise
         # Saved: the turn is over and its claim stays, whatever the caller's callback does.
         if on_chunk is not None:
@@ -359,8 +367,11 @@ class Agent:
         if claim is not None and self.store is not None and base.snapshot is not None:
             self.store.release(base.snapshot.snapshot_id, claim)
 
-    def _record_failure(self, base: _Base, turn: Turn, exc: Exception, claim: str | None) -> None:
-        """Keep a failed (or aborted) snapshot for inspection; release the claim."""
+    def _record_failure(
+        self, base: _Base, turn: Turn, exc: Exception, claim: str | None, own: str | None
+    ) -> None:
+        """Keep a failed (or aborted) snapshot for inspection, then release the claim;
+        when the snapshot cannot be kept, release only a claim the run made (`own`)."""
         if self.store is None:
             return
         aborted = isinstance(exc, StatusError) and exc.status == Status.ABORTED
@@ -378,7 +389,9 @@ class Agent:
         )
         try:
             self.store.save_snapshot(snapshot)
-        finally:
-            self._release(base, claim)
+        except BaseException:
+            self._release(base, own)
+            raise
+        self._release(base, claim)
         if isinstance(exc, StatusError):
             exc.snapshot_id = snapshot.snapshot_id

@@ -268,8 +268,8 @@ def test_a_first_delivery_costs_one_statement(sql_journal: SqlTurnJournal) -> No
         assert statements == (["INSERT", "SELECT"] if postgresql else ["INSERT"])
         statements.clear()
         assert sql_journal.begin("turn", "w2", ttl=30).kind is TurnStartKind.BUSY
-        # took nothing: ended with a snapshot? refused? then take over an expired lease
-        assert statements == ["INSERT", "SELECT", "SELECT", "UPDATE"]
+        # took nothing: ended (a snapshot, or a refusal)? then take over an expired lease
+        assert statements == ["INSERT", "SELECT", "UPDATE"]
     finally:
         sqla_event.remove(engine, "before_cursor_execute", record)
     _save_turn_end(sql_journal.store, "ended-turn")
@@ -431,3 +431,20 @@ def test_a_refused_turn_is_ended(sql_journal: SqlTurnJournal, portable: bool) ->
         )
     assert sql_journal.held() == {}, "an ended turn's lease is not taken"
     assert sql_journal.load("", "turn") == {"refused": {"status": "NOT_FOUND", "message": "gone"}}
+
+
+def test_a_refusal_without_a_lease_ends_the_turn(sql_journal: SqlTurnJournal) -> None:
+    """A turn refused before any run leased it (its task message could not be read):
+    the first `begin` takes no lease and answers ENDED; a refusal of a turn that had
+    ended already writes nothing."""
+    with sql_journal.store.writer().begin() as conn:
+        assert sql_journal.refuse_in(conn, None, "unread", {"status": "INVALID_ARGUMENT"})
+    start = sql_journal.begin("unread", "w1", ttl=30)
+    assert (start.kind, start.snapshot_id, start.status) == (TurnStartKind.ENDED, None, "refused")
+    assert sql_journal.holder("unread") is None and sql_journal.held() == {}
+    snapshot_id = _save_turn_end(sql_journal.store, "finished")
+    with sql_journal.store.writer().begin() as conn:
+        assert not sql_journal.refuse_in(conn, None, "finished", {"status": "INVALID_ARGUMENT"})
+        assert not sql_journal.refuse_in(conn, None, "unread", {"status": "INVALID_ARGUMENT"})
+    ended = sql_journal.begin("finished", "w1", ttl=30)
+    assert (ended.kind, ended.snapshot_id) == (TurnStartKind.ENDED, snapshot_id)

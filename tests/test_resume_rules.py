@@ -866,3 +866,32 @@ def test_a_claimed_resume_refused_before_it_runs_gives_the_claim_back() -> None:
     rig.store.release(sid, "someone-else")
     done = rig.agent.run(reply, snapshot_id=sid)
     assert done.finish_reason is FinishReason.STOP
+
+
+def test_a_callers_claim_outlives_a_resume_cut_short() -> None:
+    """A queued resume runs under the consumer's claim (`claimed_by`). Cut short (the
+    worker shutting down mid-turn), it keeps the claim: no second decision can slip in
+    before the task is delivered again and goes on under it."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    sid = out.snapshot_id or ""
+
+    class Cancelled(BaseException):
+        pass
+
+    original = rig.gate.fn
+
+    def cut_short(inp: Num, res: Answer | None) -> Result:
+        raise Cancelled()
+
+    assert rig.store.claim(sid, "decision-1")
+    resume = ToolResume(restart=[rig.gate.resume(out.interrupts[0], Answer(ok=True))])
+    rig.gate.fn = cut_short
+    with pytest.raises(Cancelled):
+        rig.agent.run(resume, snapshot_id=sid, claimed_by="decision-1")
+    stored = rig.store.get_snapshot(sid)
+    assert stored is not None and stored.resumed_by == "decision-1"
+    assert not rig.store.claim(sid, "decision-2"), "a second decision is refused meanwhile"
+    rig.gate.fn = original
+    done = rig.agent.run(resume, snapshot_id=sid, claimed_by="decision-1")
+    assert done.finish_reason is FinishReason.STOP

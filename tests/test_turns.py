@@ -205,3 +205,38 @@ def test_a_pause_made_without_the_outbox_still_needs_a_token(tmp_path: Path) -> 
         assert "is not interrupted" in info.value.message
     finally:
         runtime.close()
+
+
+def test_a_turn_refused_as_unreadable_is_not_run_when_sent_again_correctly(rt: Runtime) -> None:
+    """The refusal of a task message that could not be read ends its turn (no lease was
+    ever taken): the same turn_id sent again, this time valid, is not run."""
+    good = _message("Transfer $4 to later", "s-unreadable")
+    bad = {**good, "schema_version": 2}
+    refused = run_turn(rt, bad)
+    assert refused["error"]["status"] == "INVALID_ARGUMENT"
+    again = run_turn(rt, good)
+    assert again == {"turn_id": good["turn_id"], "snapshot_id": None, "duplicate": True}
+    assert _snapshots_of_turn(rt, "s-unreadable", good["turn_id"]) == []
+    assert len(_failed_bodies(rt)) == 1
+
+
+def test_an_unreadable_copy_of_an_ended_turn_announces_nothing(rt: Runtime) -> None:
+    good = _message("Transfer $6 to done", "s-copy")
+    ran = run_turn(rt, good)
+    assert ran["finish_reason"] == "interrupted"
+    copy = run_turn(rt, {**good, "input": {}})
+    assert copy.get("duplicate") is True, copy
+    assert _failed_bodies(rt) == [], "the turn had ended: no contradictory turn.failed"
+
+
+def test_ids_no_database_can_keep_are_refused_once_not_retried(rt: Runtime) -> None:
+    """A NUL in an id fails every write of it (PostgreSQL): the task is answered with
+    turn.failed at once (the ids it cannot keep left out) instead of retrying."""
+    payload = {**_message("Transfer $1 to nul", "s-nul"), "turn_id": "t-\x00-1"}
+    refused = run_turn(rt, payload)
+    assert refused["error"] == {
+        "status": "INVALID_ARGUMENT",
+        "message": "run_turn request contains a NUL character (\\u0000)",
+    }
+    [event] = _failed_bodies(rt)
+    assert (event["turn_id"], event["session_id"]) == (None, "s-nul")

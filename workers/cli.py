@@ -563,16 +563,19 @@ def demo(
 @store_option
 @clear_errors
 def migrate(store: str | None) -> None:
-    """Create the store's tables (snapshots, messages, outbox, decisions) if missing."""
+    """Create the store's tables if missing: snapshots, messages, outbox, decisions, turn
+    journal and turn leases."""
     from events.decision_log import DecisionLog
     from events.outbox import Outbox
     from interlock import SqlSessionStore
+    from interlock.stores.sql_journal import SqlTurnJournal
 
     settings = settings_of(store=store)
     sql = SqlSessionStore(settings.store_url)
     try:
-        Outbox(sql)
+        Outbox(sql).close()
         DecisionLog(sql)
+        SqlTurnJournal(sql)
         from sqlalchemy import inspect
 
         tables = sorted(
@@ -596,7 +599,9 @@ def health(
     import time
     from pathlib import Path
 
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import text
+
+    from interlock.stores.sql import make_engine
 
     settings = settings_of(broker=broker, store=store)
     report: dict[str, Any] = {}
@@ -607,7 +612,7 @@ def health(
     except Exception as exc:
         report["broker"] = f"error: {exc}"
     try:
-        engine = create_engine(settings.store_url)
+        engine = make_engine(settings.store_url)  # the store's own URL options understood
         with engine.connect() as db:
             db.execute(text("SELECT 1"))
         engine.dispose()

@@ -68,7 +68,7 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
     found = data.get("decision_id")
     decision_id = (
         found
-        if isinstance(found, str) and 0 < len(found) <= 200 and _unstorable(found) is None
+        if isinstance(found, str) and 0 < len(found) <= 200 and unstorable(found) is None
         else None
     )
     if data.get("schema_version") != 1:
@@ -76,7 +76,7 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
             f"unknown schema_version {data.get('schema_version')!r}; this consumer reads 1",
             decision_id,
         )
-    bad = _unstorable(data)
+    bad = unstorable(data)
     if bad is not None:  # valid JSON, but no text column (PostgreSQL) can keep it
         return ParseFailure(f"decision contains {bad}", decision_id)
     try:
@@ -85,7 +85,7 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
         return ParseFailure(f"decision does not match the schema: {brief(exc)}", decision_id)
 
 
-def _unstorable(data: Any) -> str | None:
+def unstorable(data: Any) -> str | None:
     """What no text can hold, in any string (key or value): U+0000, or a lone surrogate
     (JSON may escape one, `\\ud800`; it is not Unicode text, and a resume carrying it
     would be accepted, then fail when its snapshot is saved). Iterative: no recursion

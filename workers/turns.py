@@ -18,6 +18,7 @@ from interlock.stores.sql_journal import SqlTurnJournal, TurnStartKind
 from interlock.tools import brief
 from schemas import SnapshotStatus, TurnFailed, TurnRequest
 
+from .decisions import unstorable
 from .runtime import Runtime
 
 __all__ = ["TurnBusy", "new_turn_request", "run_turn"]
@@ -53,7 +54,10 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     try:
         request = TurnRequest.model_validate(payload)
     except ValidationError as exc:
-        return _unreadable(rt, payload, exc)
+        return _unreadable(rt, payload, f"invalid run_turn request: {brief(exc)}")
+    bad = unstorable(payload)
+    if bad is not None:  # no text column can keep it (PostgreSQL): retrying cannot help
+        return _unreadable(rt, payload, f"run_turn request contains {bad}")
     owner = f"{rt.worker_id}:{uuid.uuid4().hex[:8]}"
     start = rt.journal.begin(request.turn_id, owner, rt.settings.turn_lease)
     if start.kind is TurnStartKind.ENDED:
@@ -75,7 +79,7 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _unreadable(rt: Runtime, payload: Any, exc: ValidationError) -> dict[str, Any]:
+def _unreadable(rt: Runtime, payload: Any, reason: str) -> dict[str, Any]:
     """A task whose argument is no turn request (a client that wrote the task message by
     hand): it cannot run, and says so with `turn.failed` (INVALID_ARGUMENT), carrying
     what ids could be read. Not retried: it would fail the same way."""
@@ -83,9 +87,9 @@ def _unreadable(rt: Runtime, payload: Any, exc: ValidationError) -> dict[str, An
 
     def read(key: str) -> str | None:
         value = fields.get(key)
-        return value if isinstance(value, str) else None
+        return value if isinstance(value, str) and unstorable(value) is None else None
 
-    error = StatusError(Status.INVALID_ARGUMENT, f"invalid run_turn request: {brief(exc)}")
+    error = StatusError(Status.INVALID_ARGUMENT, reason)
     turn_id = read("turn_id")
     log.warning("turn %s refused: %s", turn_id, error.message)
     event = TurnFailed(

@@ -36,11 +36,15 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    cast,
     delete,
     exists,
     insert,
+    literal,
+    null,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -76,12 +80,6 @@ _LEASE = Table(
 
 
 _SNAP = SqlSessionStore.metadata.tables["interlock_snapshot"]
-_ENDED = (
-    select(_SNAP.c.snapshot_id, _SNAP.c.status)
-    .where(_SNAP.c.turn_id == bindparam("p_turn"))
-    .order_by(_SNAP.c.seq)
-    .limit(1)
-)
 _TAKE = (
     update(_LEASE)
     .where(
@@ -106,13 +104,35 @@ REFUSED = "refused"
 _REFUSAL = select(_JOURNAL.c.body).where(
     _JOURNAL.c.turn_id == bindparam("p_turn"), _JOURNAL.c.key == REFUSED
 )
+_ENDINGS = union_all(
+    select(
+        _SNAP.c.snapshot_id.label("snapshot_id"),
+        cast(_SNAP.c.status, Text).label("status"),
+        literal(0).label("rank"),
+        _SNAP.c.seq.label("seq"),
+    ).where(_SNAP.c.turn_id == bindparam("p_turn")),
+    select(
+        cast(null(), Text).label("snapshot_id"),
+        cast(literal(REFUSED), Text).label("status"),
+        literal(1).label("rank"),
+        literal(0).label("seq"),
+    ).where(_JOURNAL.c.turn_id == bindparam("p_turn"), _JOURNAL.c.key == REFUSED),
+).subquery()
+_ENDED = (
+    select(_ENDINGS.c.snapshot_id, _ENDINGS.c.status)
+    .order_by(_ENDINGS.c.rank, _ENDINGS.c.seq)
+    .limit(1)
+)
+"""How a turn ended: the first snapshot carrying its id (its id and status), or else
+its refusal (no snapshot, status `refused`); no row while it has not ended."""
 
 
 @cache
 def _insert_lease_if_new(dialect: str) -> Insert | None:
-    """The lease of a turn that no snapshot carries yet and no run has leased, in one
-    statement where the dialect has `ON CONFLICT`: INSERT .. SELECT .. WHERE NOT EXISTS
-    (a snapshot with this turn id) ON CONFLICT (turn_id) DO NOTHING RETURNING turn_id.
+    """The lease of a turn that no snapshot carries yet, no refusal ended and no run has
+    leased, in one statement where the dialect has `ON CONFLICT`: INSERT .. SELECT ..
+    WHERE NOT EXISTS (a snapshot with this turn id) AND NOT EXISTS (its refusal)
+    ON CONFLICT (turn_id) DO NOTHING RETURNING turn_id.
     A row comes back when it took the lease (psycopg reports no rowcount for an insert
     without RETURNING); none when the turn ended or a lease row exists."""
     stmt: Insert
@@ -126,7 +146,10 @@ def _insert_lease_if_new(dialect: str) -> Insert | None:
         bindparam("p_turn", type_=_LEASE.c.turn_id.type),
         bindparam("p_owner", type_=_LEASE.c.owner.type),
         bindparam("p_until", type_=_LEASE.c.expires_at.type),
-    ).where(~exists().where(_SNAP.c.turn_id == bindparam("p_turn")))
+    ).where(
+        ~exists().where(_SNAP.c.turn_id == bindparam("p_turn")),
+        ~exists().where(_JOURNAL.c.turn_id == bindparam("p_turn"), _JOURNAL.c.key == REFUSED),
+    )
     stmt = stmt.from_select(["turn_id", "owner", "expires_at"], new)
     return stmt.on_conflict_do_nothing(index_elements=[_LEASE.c.turn_id]).returning(
         _LEASE.c.turn_id
@@ -198,9 +221,9 @@ class SqlTurnJournal:
         """End `turn_id` as refused before it ran (`error`, JSON), in the caller's
         transaction: `begin` answers ENDED for it from then on, so a redelivery or a
         second submission of the same turn is not run later, when the reason for the
-        refusal may have gone (the turn has had its answer). False when it was refused
-        already (the caller must not announce it again)."""
-        if conn.execute(_REFUSAL, {"p_turn": turn_id}).first() is not None:
+        refusal may have gone (the turn has had its answer). False when the turn had
+        ended already, refused or with a snapshot: the caller must not announce it."""
+        if self._ended(conn, {"p_turn": turn_id}) is not None:
             return False
         row = {
             "turn_id": turn_id,
@@ -227,13 +250,11 @@ class SqlTurnJournal:
         with self.store.writer(relaxed=True).begin() as conn:
             if conn.execute(self._insert_if_new, params).first() is not None:
                 kind = TurnStartKind.NEW  # the usual case: one statement
-                if self._recheck_ended and (ended := conn.execute(_ENDED, params).first()):
+                if self._recheck_ended and (ended := self._ended(conn, params)) is not None:
                     conn.execute(_DROP_LEASE, params)
-                    return TurnStart(TurnStartKind.ENDED, str(ended[0]), str(ended[1]))
-            elif (ended := conn.execute(_ENDED, params).first()) is not None:
-                return TurnStart(TurnStartKind.ENDED, str(ended[0]), str(ended[1]))
-            elif conn.execute(_REFUSAL, params).first() is not None:
-                return TurnStart(TurnStartKind.ENDED, None, REFUSED)
+                    return ended
+            elif (ended := self._ended(conn, params)) is not None:
+                return ended
             elif conn.execute(_TAKE, params).rowcount == 1:
                 kind = TurnStartKind.TAKEN_OVER
             else:
@@ -243,15 +264,22 @@ class SqlTurnJournal:
                 self._held[turn_id] = owner
         return TurnStart(kind)
 
+    @staticmethod
+    def _ended(conn: Connection, params: dict[str, Any]) -> TurnStart | None:
+        """ENDED when a snapshot carries the turn id (the first one), or else a refusal
+        ended the turn; one statement."""
+        if (ended := conn.execute(_ENDED, params).first()) is None:
+            return None
+        snapshot_id = str(ended[0]) if ended[0] is not None else None
+        return TurnStart(TurnStartKind.ENDED, snapshot_id, str(ended[1]))
+
     def _begin_portable(self, turn_id: str, owner: str, ttl: float) -> TurnStart:
         """`begin` for a database without `ON CONFLICT`: more transactions, and every
         start counts as a take-over (the journal is always read)."""
-        ended = self.store.find_turn(turn_id)
-        if ended is not None:
-            return TurnStart(TurnStartKind.ENDED, ended.snapshot_id, ended.status.value)
         with self.store.engine.connect() as conn:
-            if conn.execute(_REFUSAL, {"p_turn": turn_id}).first() is not None:
-                return TurnStart(TurnStartKind.ENDED, None, REFUSED)
+            ended = self._ended(conn, {"p_turn": turn_id})
+        if ended is not None:
+            return ended
         if not self.acquire(turn_id, owner, ttl):
             return TurnStart(TurnStartKind.BUSY)
         with self._held_lock:
