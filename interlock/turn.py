@@ -85,6 +85,8 @@ class Turn:
         self._journaled = journal.load(session_id, turn_id) if journal is not None else {}
         self._step = 0
         self._unrecorded: tuple[str, ModelResponse] | None = None
+        self._refs: set[str] = set()
+        self._refs_counted = 0
         self.expires_in: float | None = None
         """The earliest deadline (seconds from the pause) a tool gave its interrupt."""
 
@@ -244,7 +246,14 @@ class Turn:
         except Exception as exc:
             raise StatusError(Status.UNKNOWN, f"model {self.model.name!r} failed: {exc}") from exc
         # Refs first, so the tool requests a caller sees in the stream are answerable.
-        response = response.model_copy(update={"message": _with_refs(response.message)})
+        try:
+            message = _with_refs(response.message, self._refs_in_history())
+        except ValueError as exc:  # pydantic's serialization error: an input with no JSON form
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                f"model {self.model.name!r} gave a tool call an input with no JSON form: {exc}",
+            ) from exc
+        response = response.model_copy(update={"message": message})
         if not streamed:
             self.emit(
                 AgentChunk(
@@ -252,6 +261,20 @@ class Turn:
                 )
             )
         return response
+
+    def _refs_in_history(self) -> set[str]:
+        """The refs of every tool request of the turn's history so far (a new call must
+        not take one: answers, journal entries and idempotency keys go by ref). Kept up
+        to date as messages are added, not read again from the start."""
+        for message in self.messages[self._refs_counted :]:
+            if message.role == "model":
+                self._refs.update(
+                    p.tool_request.ref
+                    for p in message.content
+                    if p.tool_request is not None and p.tool_request.ref
+                )
+        self._refs_counted = len(self.messages)
+        return self._refs
 
     # -- tools ------------------------------------------------------------------------
 
@@ -316,12 +339,13 @@ def _response(name: str, ref: str | None, output: Any, source: str | None = None
     )
 
 
-def _with_refs(message: Message) -> Message:
+def _with_refs(message: Message, taken: set[str]) -> Message:
     """Every tool request gets a ref of its own: a new one where the model gave none, or
-    gave one that an earlier call of the same message has (an answer is matched to its
-    call by ref, so one approval must never cover two calls). Inputs become JSON values
-    (a model function may hand over pydantic objects)."""
-    seen: set[str] = set()
+    gave one already `taken` (by a call earlier in the history) or used by an earlier
+    call of the same message. An answer is matched to its call by ref, and the journal
+    and `ctx.idempotency_key` go by ref, so one ref must never name two calls. Inputs
+    become JSON values (a model function may hand over pydantic objects)."""
+    seen = set(taken)
     content: list[Part] = []
     changed = False
     for part in message.content:

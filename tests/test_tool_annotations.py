@@ -19,6 +19,7 @@ from interlock import (
     Part,
     Status,
     StatusError,
+    ToolContext,
     ToolFailedError,
     ToolRequest,
     ToolResume,
@@ -29,6 +30,7 @@ from interlock import (
     status_of,
     tool_approval,
 )
+from interlock.journal import InMemoryJournal
 
 
 def test_types_defined_inside_a_function_resolve() -> None:
@@ -179,3 +181,69 @@ def test_calls_sharing_a_ref_get_refs_of_their_own() -> None:
     both = ToolResume(restart=[approve(second)], respond=[deny(first, "no")])
     agent.run(AgentInput(resume=both), session_id=paused.session_id)
     assert ran == [{"to": "mom", "n": 5}], "only the approved call ran"
+
+
+def test_a_ref_reused_in_a_later_message_gets_a_new_one() -> None:
+    """A model that numbers its calls afresh in each message (`call_0` again): the second
+    call gets a ref of its own, so its outcome, its journal entry and its idempotency key
+    are not the first call's."""
+    ai = Interlock()
+    keys: list[str] = []
+
+    @ai.tool(name="count", description="")
+    def count(inp: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        keys.append(ctx.idempotency_key)
+        return {"n": inp["n"]}
+
+    def model(request: ModelRequest) -> Message:
+        calls = sum(1 for m in request.messages if m.role == "tool")
+        if calls < 2:
+            req = ToolRequest(name="count", ref="call_0", input={"n": calls + 1})
+            return Message(role="model", content=[Part(tool_request=req)])
+        outputs = [
+            p.tool_response.output
+            for m in request.messages
+            if m.role == "tool"
+            for p in m.content
+            if p.tool_response
+        ]
+        return scripted.text(json.dumps(outputs))
+
+    scripted.define(ai, "m", model)
+    store = InMemorySessionStore()
+    agent = ai.define_agent("a", model="scripted/m", tools=[count], store=store)
+    journal = InMemoryJournal()
+    out = agent.run_text("go", journal=journal, turn_id="t-1")
+    assert out.message is not None and out.session_id is not None
+    assert json.loads(out.message.text) == [{"n": 1}, {"n": 2}]
+    assert len(set(keys)) == 2, keys
+    saved = store.get_snapshot(out.snapshot_id or "")
+    assert saved is not None
+    refs = [
+        p.tool_request.ref
+        for m in saved.messages
+        if m.role == "model"
+        for p in m.content
+        if p.tool_request
+    ]
+    assert refs[0] == "call_0" and refs[1] not in (None, "call_0")
+    entries = journal.load(out.session_id, "t-1")
+    assert {f"tool:{r}" for r in refs} <= set(entries)
+
+
+def test_a_tool_input_with_no_json_form_fails_the_turn_clearly() -> None:
+    class Odd:
+        pass
+
+    ai = Interlock()
+
+    @ai.tool(name="t", description="")
+    def t(inp: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    agent = _agent(ai, [Part(tool_request=ToolRequest(name="t", input={"x": Odd()}))], [t])
+    with pytest.raises(StatusError) as info:
+        agent.run_text("go")
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert "model 'scripted/m' gave a tool call an input with no JSON form" in info.value.message
+    assert info.value.snapshot_id is not None, "the failed turn is kept for inspection"
