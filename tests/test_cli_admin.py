@@ -52,3 +52,35 @@ def test_health_reads_the_store_url_as_the_store_does(tmp_path: Path, redis_url:
     assert down.returncode == 1, down.describe()
     [report] = down.json_lines()
     assert report["broker"] == "ok" and report["store"].startswith("error: ")
+
+
+def test_decide_wait_keeps_a_turn_event_that_comes_first(redis_url: str) -> None:
+    """The consumer enqueues the resume before it publishes `decision.accepted`: the
+    resumed turn's event may come first. `decide --wait` keeps it for when it asks."""
+    from kombu.connection import Connection
+
+    from events.publisher import Publisher
+    from schemas import DecisionAccepted, FinishReason, Message, Part, TurnCompleted
+    from workers.cli import _Waiter
+    from workers.decisions import resume_turn_id
+    from workers.settings import Settings
+
+    turn_id = resume_turn_id("d-1")
+    ends = ("turn.interrupted", "turn.completed", "turn.failed")
+    waiter = _Waiter(
+        Settings(broker_url=redis_url), 10.0, keep=lambda e: e.type in ends and e.turn_id == turn_id
+    )
+    try:
+        answer = Message(role="model", content=[Part(text="done")])
+        done = TurnCompleted(turn_id=turn_id, finish_reason=FinishReason.STOP, message=answer)
+        other = TurnCompleted(turn_id="another", finish_reason=FinishReason.STOP, message=answer)
+        accepted = DecisionAccepted(decision_id="d-1", turn_id=turn_id)
+        with Connection(redis_url) as conn:
+            publisher = Publisher(conn)
+            for event in (other, done, accepted):
+                publisher.publish_event(event)
+        got = waiter.next("the outcome", lambda e: e.type.startswith("decision."))
+        assert got.event_id == accepted.event_id
+        assert waiter.turn_event(turn_id).event_id == done.event_id
+    finally:
+        waiter.close()

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -115,10 +116,14 @@ class _Waiter:
     """A queue of this command's own, bound to every event before anything is sent (so
     nothing it waits for can pass unseen), deleted at the end."""
 
-    def __init__(self, settings: Settings, timeout: float) -> None:
+    def __init__(
+        self, settings: Settings, timeout: float, keep: Callable[[Any], bool] = lambda e: False
+    ) -> None:
         from events.stream import EventStream
 
         self.timeout = timeout
+        self.keep = keep
+        self._kept: list[Any] = []
         self.connection = Connection(
             settings.broker_url,
             transport=settings.broker_transport,
@@ -128,15 +133,30 @@ class _Waiter:
         self.events = EventStream.bind(self.connection, name, "#", temporary=True)
 
     def next(self, what: str, match: Callable[[Any], bool]) -> Any:
+        """The next event that matches; printed. Events this command waits for later
+        (see `keep`) that arrive first are kept for then: a resumed turn may end before
+        `decision.accepted` is read."""
         click.echo(f"waiting for {what} (up to {self.timeout:.0f}s)...", err=True)
-        try:
-            event = self.events.next(self.timeout, match=match)
-        except TimeoutError:
-            raise StatusError(
-                Status.DEADLINE_EXCEEDED,
-                f"no {what} within {self.timeout:.0f}s: are `interlock worker` and "
-                "`interlock resume-consumer` running on this broker and store?",
-            ) from None
+        event = next((e for e in self._kept if match(e)), None)
+        if event is not None:
+            self._kept.remove(event)
+        deadline = time.monotonic() + self.timeout
+        while event is None:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                found = self.events.next(remaining, match=lambda e: match(e) or self.keep(e))
+            except TimeoutError:
+                raise StatusError(
+                    Status.DEADLINE_EXCEEDED,
+                    f"no {what} within {self.timeout:.0f}s: are `interlock worker` and "
+                    "`interlock resume-consumer` running on this broker and store?",
+                ) from None
+            if match(found):
+                event = found
+            else:
+                self._kept.append(found)
         emit(event.model_dump(mode="json"))
         return event
 
@@ -434,6 +454,8 @@ def decide(
     from interlock.resume import pending_interrupts
     from schemas import Decision, RespondEntry, RestartEntry
 
+    from .decisions import resume_turn_id
+
     if [approve, deny, respond_json is not None].count(True) != 1:
         raise click.UsageError("give exactly one of --approve, --deny, --respond JSON")
     verdict = "approve" if approve else "deny"
@@ -481,7 +503,13 @@ def decide(
         respond=respond_entries,
         restart=restart_entries,
     )
-    waiter = _Waiter(settings, timeout) if wait else None
+    resumed_turn = resume_turn_id(decision_id)
+    ends = ("turn.interrupted", "turn.completed", "turn.failed")
+    waiter = (
+        _Waiter(settings, timeout, keep=lambda e: e.type in ends and e.turn_id == resumed_turn)
+        if wait
+        else None
+    )
     try:
         with Connection(
             settings.broker_url,
@@ -498,8 +526,7 @@ def decide(
         )
         if outcome.type == "decision.rejected":
             raise StatusError(outcome.error.status, f"decision rejected: {outcome.error.message}")
-        if outcome.turn_id is not None:
-            waiter.turn_event(outcome.turn_id)
+        waiter.turn_event(resumed_turn)
     finally:
         if waiter is not None:
             waiter.close()

@@ -164,9 +164,15 @@ def resume_request(decision: Decision, snapshot: Snapshot) -> TurnRequest:
     return _request(decision, snapshot, to_tool_resume(decision, snapshot))
 
 
+def resume_turn_id(decision_id: str) -> str:
+    """The turn id of the resume an accepted decision enqueues (derived from the
+    decision id: the same on every delivery of the decision)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"interlock:decision:{decision_id}"))
+
+
 def _request(decision: Decision, snapshot: Snapshot, resume: ToolResume) -> TurnRequest:
     return TurnRequest(
-        turn_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"interlock:decision:{decision.decision_id}")),
+        turn_id=resume_turn_id(decision.decision_id),
         agent=snapshot.agent,
         input=AgentInput(resume=resume).to_json(),
         snapshot_id=snapshot.snapshot_id,
