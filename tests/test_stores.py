@@ -663,3 +663,43 @@ def test_an_in_memory_sqlite_store_serves_threads_one_at_a_time() -> None:
         ), outcomes
     finally:
         store.dispose()
+
+
+def test_an_in_memory_sqlite_connection_given_back_by_another_thread_frees_it() -> None:
+    """The connection of `sqlite://` taken in one thread and left for the garbage
+    collector of another to give back is free again for a third."""
+    import gc
+    import threading
+
+    store = SqlSessionStore("sqlite://")
+    park = threading.Event()
+    try:
+        leaked: list[Any] = []
+
+        def leak() -> None:
+            conn = store.engine.connect()
+            conn.exec_driver_sql("SELECT 1")
+            leaked.append(conn)
+
+        first = threading.Thread(target=leak)
+        first.start()
+        first.join()
+        # Threads that stay alive meanwhile, so the third does not reuse the first's id.
+        parked = [threading.Thread(target=park.wait, daemon=True) for _ in range(3)]
+        for t in parked:
+            t.start()
+        leaked.clear()
+        gc.collect()  # given back here, in the main thread
+        got: list[bool] = []
+
+        def third() -> None:
+            with store.engine.connect() as conn:
+                got.append(conn.exec_driver_sql("SELECT 1").scalar() == 1)
+
+        worker = threading.Thread(target=third, daemon=True)
+        worker.start()
+        worker.join(timeout=10)
+        assert got == [True]
+    finally:
+        park.set()
+        store.dispose()

@@ -63,6 +63,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, RowMapping, make_url
 from sqlalchemy.exc import InvalidatePoolError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import registry
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 from sqlalchemy.sql.dml import Insert
@@ -377,28 +378,49 @@ turn, consumers requeue the decision."""
 class _SharedMemoryPool(StaticPool):
     """The pool of an in-memory SQLite database: its one connection, shared by every
     thread, held by one thread at a time from checkout to checkin (a second thread
-    waits), so two threads never run a transaction on it at once. The same thread may
-    nest. Taken before the pool hands the connection out: StaticPool keeps one record,
-    and two threads holding it at once would confuse its bookkeeping."""
+    waits, up to `timeout` seconds), so two threads never run a transaction on it at
+    once. The holder may nest checkouts. Taken before the pool hands the connection
+    out: StaticPool keeps one record, and two threads holding it at once would confuse
+    its bookkeeping. A plain lock, not a thread's own: a connection given back from
+    another thread (by the garbage collector) frees it too."""
+
+    timeout = 30.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._holder = threading.RLock()
+        self._lock = threading.Lock()
+        self._holder: int | None = None
+        self._depth = 0
 
     def _do_get(self) -> Any:
-        self._holder.acquire()
+        me = threading.get_ident()
+        if self._holder == me:
+            self._depth += 1
+        else:
+            if not self._lock.acquire(timeout=self.timeout):
+                raise PoolTimeoutError(
+                    f"the in-memory SQLite database was held by another thread for "
+                    f"{self.timeout:.0f}s"
+                )
+            self._holder, self._depth = me, 1
         try:
             return super()._do_get()
         except BaseException:
-            self._holder.release()
+            self._let_go()
             raise
 
     def _do_return_conn(self, record: Any) -> None:
         try:
             super()._do_return_conn(record)
         finally:
-            with contextlib.suppress(RuntimeError):  # given back by another thread (by GC)
-                self._holder.release()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        self._depth -= 1
+        if self._depth <= 0:
+            self._holder, self._depth = None, 0
+            with contextlib.suppress(RuntimeError):  # already free
+                self._lock.release()
 
 
 def _ping_when_idle(engine: Engine) -> None:
