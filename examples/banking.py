@@ -40,6 +40,7 @@ from interlock import (
     ToolContext,
     interrupt,
     scripted,
+    tool_approval,
 )
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "TransferOutput",
     "ai",
     "bankingAgent",
+    "guardedBankingAgent",
     "transferMoney",
     "using_model",
 ]
@@ -181,6 +183,17 @@ bankingAgent = ai.define_agent(
     tools=[transferMoney],
     store=InMemorySessionStore(),
 )
+
+guardedBankingAgent = ai.define_agent(
+    "guardedBankingAgent",
+    model=os.environ.get(MODEL_ENV) or "scripted/banking",
+    system=bankingAgent.system,
+    tools=[transferMoney],
+    middleware=[tool_approval()],  # every tool call waits for `approve` first
+    store=InMemorySessionStore(),
+)
+"""The same agent behind `tool_approval`: a transfer pauses twice, for the call itself
+(answer with `approve` / `deny`), then for the tool's own confirmation."""
 
 
 @contextmanager

@@ -34,7 +34,7 @@ from .errors import (
     status_of,
 )
 from .interrupts import ToolInterrupt, interrupt, interrupt_as, respond, restart
-from .middleware import Middleware, ToolApproval, approve, deny, tool_approval
+from .middleware import Middleware, ToolApproval, approve, deny, is_approval_gate, tool_approval
 from .models import FunctionModel, Model, scripted
 from .registry import Interlock
 from .stores import InMemorySessionStore, SessionStore, SqlSessionStore
@@ -83,6 +83,7 @@ __all__ = [
     "error_from_info",
     "interrupt",
     "interrupt_as",
+    "is_approval_gate",
     "respond",
     "restart",
     "scripted",

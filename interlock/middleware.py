@@ -13,7 +13,7 @@ from .interrupts import interrupt, respond, restart
 if TYPE_CHECKING:
     from .tools import Tool
 
-__all__ = ["Middleware", "ToolApproval", "approve", "deny", "tool_approval"]
+__all__ = ["Middleware", "ToolApproval", "approve", "deny", "is_approval_gate", "tool_approval"]
 
 APPROVED_KEY = "toolApproved"
 
@@ -63,6 +63,20 @@ def tool_approval(allowed: Iterable[str] = ()) -> ToolApproval:
     """Middleware that turns every call of a tool not in `allowed` into an interrupt.
     An empty list gates every tool."""
     return ToolApproval(allowed)
+
+
+def is_approval_gate(part: Part) -> bool:
+    """True for an interrupt that `tool_approval` raised (not the tool's own): answer it
+    with `approve` or `deny`."""
+    payload = part.meta("interrupt") if part.is_interrupt() else None
+    req = part.tool_request
+    return (
+        isinstance(payload, dict)
+        and req is not None
+        and set(payload) == {"message", "tool", "input"}
+        and payload["tool"] == req.name
+        and payload["message"] == f"Tool not in approved list: {req.name}"
+    )
 
 
 def approve(part: Part) -> Part:

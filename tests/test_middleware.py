@@ -29,6 +29,7 @@ from interlock import (
     approve,
     deny,
     interrupt_as,
+    is_approval_gate,
     restart,
     scripted,
     tool_approval,
@@ -289,3 +290,14 @@ def test_approve_on_an_allowed_tools_own_interrupt_is_no_resume_data() -> None:
         session_id=out.session_id,
     )
     assert final.text.startswith("Done: transferred $5.00 to bob, transaction txn-")
+
+
+def test_is_approval_gate_tells_the_gate_from_the_tools_own_interrupt() -> None:
+    agent, tool = banking_behind_approval()
+    out = agent.run_text("Transfer $5 to bob")
+    [gated] = out.interrupts
+    assert is_approval_gate(gated)
+    second = agent.run(ToolResume(restart=[approve(gated)]), session_id=out.session_id)
+    [own] = second.interrupts
+    assert not is_approval_gate(own)
+    assert not is_approval_gate(tool.respond(own, TransferOutput(success=True)))

@@ -363,3 +363,42 @@ def test_the_cli_alone_submits_waits_and_decides(stack: QueueStack) -> None:
     assert completed["turn_id"] == accepted["turn_id"]
     answer = "".join(p.get("text") or "" for p in completed["message"]["content"])
     assert answer.startswith("Done: transferred $42.00 to cli, transaction txn-"), answer
+
+
+def test_the_cli_approves_a_call_that_tool_approval_holds(stack: QueueStack) -> None:
+    """`decide --approve` on a call that `tool_approval` holds runs it (`approve`): the
+    tool then asks for its own confirmation, answered the same way. `--deny` on a held
+    call does not run it; the model reads the reason."""
+    where = ["--broker", stack.broker_url, "--store", stack.store_url]
+
+    def submit(text: str) -> dict[str, Any]:
+        result = run_cli("submit", "--app", APP, "--agent", "guardedBankingAgent",
+                         "--text", text, "--wait", *where)  # fmt: skip
+        assert result.returncode == 0, result.describe()
+        paused = result.json_lines()[-1]
+        assert paused["type"] == "turn.interrupted", paused
+        return paused
+
+    def decide(paused: dict[str, Any], *flags: str) -> dict[str, Any]:
+        result = run_cli("decide", paused["snapshot_id"], "--token", paused["resume_token"],
+                         *flags, "--wait", *where)  # fmt: skip
+        assert result.returncode == 0, result.describe()
+        return result.json_lines()[-1]
+
+    held = submit("Transfer $8 to guarded")
+    assert held["interrupts"][0]["payload"]["message"] == (
+        "Tool not in approved list: transferMoney"
+    )
+    asks = decide(held, "--approve")
+    assert asks["type"] == "turn.interrupted"
+    assert asks["interrupts"][0]["payload"] == {
+        "action": "transferMoney",
+        "details": "Transfer $8.00 to guarded",
+    }
+    done = decide(asks, "--approve")
+    answer = "".join(p.get("text") or "" for p in done["message"]["content"])
+    assert answer.startswith("Done: transferred $8.00 to guarded, transaction txn-"), answer
+
+    refused = decide(submit("Transfer $9 to nobody"), "--deny", "--feedback", "not today")
+    assert refused["type"] == "turn.completed"
+    assert "not today" in json.dumps(refused["message"]), refused

@@ -411,8 +411,18 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
     required=True,
     help="The resume_token of the turn.interrupted event. [env: INTERLOCK_RESUME_TOKEN]",
 )
-@click.option("--approve", is_flag=True, help='Restart each interrupt with {"approved": true}.')
-@click.option("--deny", is_flag=True, help='Restart each interrupt with {"approved": false}.')
+@click.option(
+    "--approve",
+    is_flag=True,
+    help='Restart each interrupt with {"approved": true} (a call that tool_approval holds: '
+    "run it).",
+)
+@click.option(
+    "--deny",
+    is_flag=True,
+    help='Restart each interrupt with {"approved": false} (a call that tool_approval holds: '
+    "do not run it; the model reads --feedback as the reason).",
+)
 @click.option(
     "--respond",
     "respond_json",
@@ -450,7 +460,9 @@ def decide(
     With --wait, then prints that outcome (a rejection exits 1) and, once accepted, the
     event that ends the resumed turn."""
     from events.publisher import Publisher
-    from interlock import SqlSessionStore
+    from interlock import SqlSessionStore, is_approval_gate
+    from interlock import approve as approve_call
+    from interlock import deny as deny_call
     from interlock.resume import pending_interrupts
     from schemas import Decision, RespondEntry, RestartEntry
 
@@ -473,11 +485,12 @@ def decide(
         sql.dispose()
     if snap is None:
         raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found in the store")
-    names = {
-        p.tool_request.ref: p.tool_request.name
+    pending = {
+        p.tool_request.ref: p
         for p in pending_interrupts(snap.messages)
         if p.tool_request is not None and p.tool_request.ref is not None
     }
+    names = {ref: p.tool_request.name for ref, p in pending.items() if p.tool_request}
     wanted = list(refs) or list(names)
     if not wanted:
         raise StatusError(
@@ -487,8 +500,15 @@ def decide(
     restart_entries: list[RestartEntry | Part] = []
     for ref in wanted:
         name = names.get(ref, "?")
+        part = pending.get(ref)
         if respond_json is not None:
             respond_entries.append(RespondEntry(name=name, ref=ref, output=output))
+        elif part is not None and is_approval_gate(part):
+            # a call `tool_approval` holds: approve runs it, deny tells the model why not
+            if verdict == "approve":
+                restart_entries.append(approve_call(part))
+            else:
+                respond_entries.append(deny_call(part, feedback or "denied by reviewer"))
         else:
             resumed: dict[str, Any] = {"approved": verdict == "approve"}
             if feedback:
