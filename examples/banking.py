@@ -1,4 +1,5 @@
-"""The seed's banking agent: a money transfer that pauses for a human's approval.
+"""The banking agent of Genkit's agent-interrupts example: a money transfer that pauses
+for a human's approval.
 
     from examples.banking import ai, bankingAgent, transferMoney
     out = bankingAgent.run_text("Transfer $500 to savings.")

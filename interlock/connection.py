@@ -118,7 +118,7 @@ class Connection:
             assert isinstance(item, AgentChunk)
             if item.turn_end is not None:
                 # The turn is over: settle it before yielding its last chunk, so that a
-                # caller who stops at the turn_end (as the seed does) can send again.
+                # caller who stops at the turn_end (as Genkit's example does) can send again.
                 self._settle(done=False)
                 yield item
                 return

@@ -356,7 +356,7 @@ def decision(
     decision_id: str | None = None,
     reviewer: str = "reviewer@example.com",
 ) -> dict[str, Any]:
-    """A decision as a plain JSON dict, the wire form of events.md."""
+    """A decision as a plain JSON dict, the wire form of docs/queues.md."""
     body: dict[str, Any] = {
         "schema_version": 1,
         "decision_id": decision_id or str(uuid.uuid4()),

@@ -1,4 +1,4 @@
-"""Connections (semantics.md §6): a session held across turns, streamed chunk by chunk."""
+"""Connections (docs/concepts.md): a session held across turns, streamed chunk by chunk."""
 
 import json
 from typing import Any

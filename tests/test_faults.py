@@ -1075,8 +1075,9 @@ JSON_TYPES = {"", "application/json", "text/json", "text/plain", "application/oc
 
 
 def readable_id(message: Fuzzed) -> str | None:
-    """The decision id an outcome must carry (events.md, rule 1): the message's own when
-    it is JSON within the size limit and names a usable id, else null."""
+    """The decision id an outcome must carry (docs/queues.md, the first check): the
+    message's own when it is JSON within the size limit and names a usable id, else
+    null."""
     kind = message.content_type.split(";")[0].strip().lower()
     if kind not in JSON_TYPES or len(message.body) > MAX_DECISION_BYTES:
         return None

@@ -1,4 +1,4 @@
-"""The seed's flows, translated (semantics.md §2-§6): pause, answer, resume, re-pause."""
+"""The flows of Genkit's agent interrupts (docs/concepts.md): pause, answer, resume, re-pause."""
 
 import asyncio
 import json
@@ -109,7 +109,7 @@ class Kit:
         )
 
 
-# -- connect and stream (the seed's first flow) -----------------------------------------
+# -- connect and stream (Genkit's example's first flow) -----------------------------------------
 
 
 def test_connect_stream_respond_and_resume() -> None:
@@ -124,7 +124,7 @@ def test_connect_stream_respond_and_resume() -> None:
                         interrupt_part = p
             if chunk.turn_end is not None:
                 ends.append(chunk.turn_end)
-                break  # the seed stops at the turn end
+                break  # Genkit's example stops at the turn end
         assert [e.finish_reason for e in ends] == [FinishReason.INTERRUPTED]
         assert interrupt_part is not None and interrupt_part.is_interrupt()
         ask = interrupt_as(interrupt_part, ApprovalAsk)

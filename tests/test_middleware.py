@@ -1,4 +1,4 @@
-"""ToolApproval middleware (semantics.md §7) and tool middleware in general."""
+"""ToolApproval middleware (docs/concepts.md) and tool middleware in general."""
 
 import json
 from typing import Any

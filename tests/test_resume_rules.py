@@ -1,4 +1,5 @@
-"""Every rejection of semantics.md §4 (and the addressing rules of §6), with its status."""
+"""Every rejection of a resume (docs/concepts.md, "Resume rules") and the addressing
+rules, with its status."""
 
 import json
 from typing import Any, cast

@@ -1,4 +1,4 @@
-"""Wire models (semantics.md §1): Genkit's camelCase JSON parses and dumps back unchanged."""
+"""Wire models (docs/concepts.md): Genkit's camelCase JSON parses and dumps back unchanged."""
 
 import json
 from datetime import UTC, datetime
@@ -156,7 +156,7 @@ def test_genkit_message_roundtrip_identical() -> None:
     assert message.interrupts[0].meta("interrupt")["action"] == "transferMoney"
 
 
-def test_seed_shaped_message_roundtrip() -> None:
+def test_genkit_shaped_message_roundtrip() -> None:
     wire = {
         "role": "model",
         "content": [

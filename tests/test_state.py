@@ -1,4 +1,4 @@
-"""Client-managed state (semantics.md §6): a signed, opaque string; edits are refused."""
+"""Client-managed state (docs/concepts.md): a signed, opaque string; edits are refused."""
 
 import base64
 import json

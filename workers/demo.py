@@ -1,4 +1,4 @@
-"""`interlock demo`: the seed's banking flow, shown hop by hop."""
+"""`interlock demo`: the banking example's flow, shown hop by hop."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def show_interrupt(part: Part) -> None:
 
 
 def run_in_process(text: str, decide: Decide, *, model: str | None = None) -> AgentOutput:
-    """The seed's single-turn flow: run, answer every interrupt, resume until done.
+    """The banking example's flow: run, answer every interrupt, resume until done.
     `model` (`provider/model`) runs it on a real model instead of the scripted one."""
     from examples.banking import ApprovalReply, transferMoney, using_model
 

@@ -94,7 +94,8 @@ class Settings:
         if self.broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
             # kombu restores unacked messages past the timeout in sweeps, by default every
             # 10 s x 10 (100 s) in a worker: a short timeout would redeliver a dead
-            # worker's turn ~100 s late. Sweep every timeout/2 (as before at the default).
+            # worker's turn ~100 s late. Sweep every timeout/2 (at the default 3600 s,
+            # that is kombu's 10 s x 10).
             every = max(1, min(10, self.visibility_timeout // 2))
             options["unacked_restore_interval"] = every
             options["unacked_restore_throttle"] = max(
