@@ -49,6 +49,17 @@ class _Base:
     from_state: bool = False
 
 
+def _store_unavailable(exc: BaseException) -> bool:
+    """True for an error of the SQL store's connection (lost, refused, timed out): it
+    says nothing of the turn, whose run is then retried rather than ended as failed.
+    Tools' and models' errors reach here as `StatusError`s, never as these."""
+    try:
+        from sqlalchemy.exc import InterfaceError, OperationalError
+    except ImportError:  # pragma: no cover - SQLAlchemy comes with sqlmodel
+        return False
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
 def _new_id() -> str:
     return str(uuid.uuid4())
 
@@ -117,14 +128,31 @@ class Agent:
         base = self._address(agent_input, session_id, snapshot_id, state)
         answers: Mapping[str, Answer] | None = None
         claim: str | None = None
+        turn_id = turn_id or _new_id()
+        # Without a caller's claim, a resume claims under its turn id: a second run of the
+        # same turn (a task delivered again after its worker died) goes on under it.
+        claimer = claimed_by or f"turn:{turn_id}"
         try:
             if agent_input.resume is not None:
-                answers = self._plan(agent_input.resume, base, claimed_by)
+                answers = self._plan(agent_input.resume, base, claimer)
             else:
                 self._check_not_paused(base)
-            model = self.registry.lookup_model(self.model)  # before a claim that could leak
-            if agent_input.resume is not None:
-                claim = self._claim(base, claimed_by)
+            turn = Turn(
+                agent=self.name,
+                model=self.registry.lookup_model(self.model),  # before a claim could leak
+                system=self.system,
+                tools=self.tool_map,
+                middleware=self.middleware,
+                max_turns=self.max_turns,
+                history=base.snapshot.messages if base.snapshot else [],
+                session_id=base.session_id,
+                turn_id=turn_id,
+                emit=on_chunk,
+                config=dict(self.config) if self.config else None,
+                journal=journal,
+            )
+            if agent_input.resume is not None:  # the claim comes last
+                claim = self._claim(base, claimer, mine=claimed_by is None)
         except InterlockError:
             # A resume the caller claimed (the resume consumer) and this run refused (a
             # model that cannot be reached, a rule that no longer holds) has had its
@@ -135,20 +163,6 @@ class Agent:
             if agent_input.resume is not None and claimed_by is not None:
                 self._release(base, claimed_by)
             raise
-        turn = Turn(
-            agent=self.name,
-            model=model,
-            system=self.system,
-            tools=self.tool_map,
-            middleware=self.middleware,
-            max_turns=self.max_turns,
-            history=base.snapshot.messages if base.snapshot else [],
-            session_id=base.session_id,
-            turn_id=turn_id or _new_id(),
-            emit=on_chunk,
-            config=dict(self.config) if self.config else None,
-            journal=journal,
-        )
         # A claim this run made itself is given back whenever the run ends without its
         # snapshot (cancelled, interrupted, the store failing): the pause can be answered
         # again. A caller's claim (`claimed_by`: the worker of a queued resume, which is
@@ -162,6 +176,9 @@ class Agent:
                 assert agent_input.message is not None
                 result = turn.start(agent_input.message)
         except Exception as exc:
+            if _store_unavailable(exc):  # not the turn's answer: a retry goes on from here
+                self._release(base, own)
+                raise
             self._record_failure(base, turn, exc, claim, own)
             raise
         except BaseException:
@@ -287,12 +304,13 @@ class Agent:
         check_resumable(base.snapshot, claimed_by, interrupted=False)
         return plan_resume(base.snapshot.messages, resume, self.tool_map, self.middleware)
 
-    def _claim(self, base: _Base, claimed_by: str | None) -> str | None:
+    def _claim(self, base: _Base, by: str, *, mine: bool) -> str | None:
+        """Claim the snapshot for this resume under `by` (the caller's claim, or with
+        `mine` one this run makes); idempotent for the same `by`."""
         if self.store is None or base.snapshot is None:
             return None
-        if claimed_by is not None and base.snapshot.resumed_by == claimed_by:
-            return claimed_by  # claimed by the caller before this run read it: nothing to do
-        by = claimed_by or _new_id()
+        if not mine and base.snapshot.resumed_by == by:
+            return by  # claimed by the caller before this run read it: nothing to do
         if not self.store.claim(base.snapshot.snapshot_id, by):
             raise ResumeValidationError(
                 Status.FAILED_PRECONDITION,

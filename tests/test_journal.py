@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import event as sqla_event
+from sqlalchemy.exc import OperationalError
 
 from interlock import (
     FinishReason,
@@ -19,6 +20,7 @@ from interlock import (
     Interlock,
     Message,
     ModelRequest,
+    SnapshotStatus,
     SqlSessionStore,
     ToolContext,
     ToolResume,
@@ -448,3 +450,35 @@ def test_a_refusal_without_a_lease_ends_the_turn(sql_journal: SqlTurnJournal) ->
         assert not sql_journal.refuse_in(conn, None, "unread", {"status": "INVALID_ARGUMENT"})
     ended = sql_journal.begin("finished", "w1", ttl=30)
     assert (ended.kind, ended.snapshot_id) == (TurnStartKind.ENDED, snapshot_id)
+
+
+class _FlakyJournal(InMemoryJournal):
+    """A journal whose store drops the connection at the first write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 1
+
+    def record(self, session_id: str, turn_id: str, key: str, value: Any) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise OperationalError(
+                "INSERT ...", {}, ConnectionError("server closed the connection")
+            )
+        super().record(session_id, turn_id, key, value)
+
+
+def test_a_store_connection_lost_mid_turn_is_not_the_turns_answer() -> None:
+    """The journal's store fails mid-turn (a lost connection): the error propagates for
+    the caller to retry, and the turn is not ended as failed; the retry of the same turn
+    replays what was kept and goes on."""
+    rig = Rig()
+    flaky = _FlakyJournal()
+    with pytest.raises(OperationalError):
+        rig.agent.run_text("go", session_id="s-flaky", journal=flaky, turn_id="t-flaky")
+    assert rig.store.list_snapshots(session_id="s-flaky") == [], "no failed snapshot"
+    out = rig.agent.run_text("go", session_id="s-flaky", journal=flaky, turn_id="t-flaky")
+    assert out.finish_reason is FinishReason.INTERRUPTED
+    assert [s.status for s in rig.store.list_snapshots(session_id="s-flaky")] == [
+        SnapshotStatus.COMPLETED
+    ]

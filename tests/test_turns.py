@@ -240,3 +240,75 @@ def test_ids_no_database_can_keep_are_refused_once_not_retried(rt: Runtime) -> N
     }
     [event] = _failed_bodies(rt)
     assert (event["turn_id"], event["session_id"]) == (None, "s-nul")
+
+
+def _paused_with_claim(rt: Runtime, session_id: str, claimed_by: str) -> tuple[str, Any]:
+    paused = run_turn(rt, _message("Transfer $7 to claimed", session_id))
+    sid = paused["snapshot_id"]
+    assert rt.store.claim(sid, claimed_by)
+    snapshot = rt.store.get_snapshot(sid)
+    assert snapshot is not None
+    [ask] = [p for p in snapshot.messages[-1].content if p.is_interrupt()]
+    resume = AgentInput(
+        resume=ToolResume(restart=[transferMoney.resume(ask, ApprovalReply(approved=True))])
+    )
+    return sid, resume
+
+
+def _claim_of(rt: Runtime, sid: str) -> str | None:
+    snapshot = rt.store.get_snapshot(sid)
+    assert snapshot is not None
+    return snapshot.resumed_by
+
+
+def test_a_claimed_resume_the_worker_refuses_gives_the_claim_back(rt: Runtime) -> None:
+    """The consumer claimed the pause; the worker cannot run the resume (its registry
+    has no such agent, say, in a rolling deploy): the claim comes back, and the pause
+    can be answered again."""
+    sid, resume = _paused_with_claim(rt, "s-refused-resume", "d-1")
+    payload = {
+        "turn_id": "t-resume-1",
+        "agent": "noSuchAgent",
+        "input": resume.to_json(),
+        "snapshot_id": sid,
+        "claimed_by": "d-1",
+        "decision_id": "d-1",
+    }
+    refused = run_turn(rt, payload)
+    assert refused["error"]["status"] == "NOT_FOUND", refused
+    assert _claim_of(rt, sid) is None
+    assert rt.store.claim(sid, "d-2"), "a second decision can take it"
+
+
+def test_a_redelivered_unanswered_resume_gives_a_kept_claim_back(rt: Runtime) -> None:
+    """A resume turn ended without an answer (refused), but its worker died before
+    giving the claim back: the next delivery does."""
+    sid, resume = _paused_with_claim(rt, "s-kept-claim", "d-3")
+    journal: SqlTurnJournal = rt.journal
+    with rt.store.writer().begin() as conn:
+        journal.refuse_in(conn, "s-kept-claim", "t-resume-3", {"status": "UNAVAILABLE"})
+    payload = {
+        "turn_id": "t-resume-3",
+        "agent": "bankingAgent",
+        "input": resume.to_json(),
+        "snapshot_id": sid,
+        "claimed_by": "d-3",
+    }
+    again = run_turn(rt, payload)
+    assert again.get("duplicate") is True
+    assert _claim_of(rt, sid) is None
+
+
+def test_a_resume_without_a_callers_claim_goes_on_under_its_turns_claim(rt: Runtime) -> None:
+    """A resume task sent without the consumer (no `claimed_by`) claims under its turn id:
+    delivered again after its worker died mid-turn, it goes on instead of finding its own
+    claim "already resumed"."""
+    sid, resume = _paused_with_claim(rt, "s-own-claim", "turn:t-own")  # the dead run's claim
+    payload = {
+        "turn_id": "t-own",
+        "agent": "bankingAgent",
+        "input": resume.to_json(),
+        "snapshot_id": sid,
+    }
+    done = run_turn(rt, payload)
+    assert done.get("finish_reason") == "stop", done

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from interlock import AgentInput, InterlockError, Status, StatusError
 from interlock.journal import TurnJournal
-from interlock.stores.sql_journal import SqlTurnJournal, TurnStartKind
+from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, TurnStartKind
 from interlock.tools import brief
 from schemas import SnapshotStatus, TurnFailed, TurnRequest
 
@@ -62,6 +62,8 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     start = rt.journal.begin(request.turn_id, owner, rt.settings.turn_lease)
     if start.kind is TurnStartKind.ENDED:
         log.info("turn %s already ended (%s); not running it again", request.turn_id, start.status)
+        if start.status in _UNANSWERED:
+            _give_back(rt, request.snapshot_id, request.claimed_by)  # if a crash kept it
         _flush(rt)
         return {"turn_id": request.turn_id, "snapshot_id": start.snapshot_id, "duplicate": True}
     if start.kind is TurnStartKind.BUSY:
@@ -77,6 +79,18 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
         rt.journal.end(request.turn_id, owner, snapshot_saved=saved)
     _flush(rt)
     return result
+
+
+_UNANSWERED = (REFUSED, SnapshotStatus.FAILED.value, SnapshotStatus.ABORTED.value)
+"""How a turn can end without an answer to the pause it resumed: that pause's claim is
+given back, so it can be answered again."""
+
+
+def _give_back(rt: Runtime, snapshot_id: str | None, claimed_by: str | None) -> None:
+    """Release the resume consumer's claim on the pause a refused or failed resume
+    turn answered (idempotent; a claim someone else holds is left alone)."""
+    if snapshot_id is not None and claimed_by is not None:
+        rt.store.release(snapshot_id, claimed_by)
 
 
 def _unreadable(rt: Runtime, payload: Any, reason: str) -> dict[str, Any]:
@@ -100,6 +114,7 @@ def _unreadable(rt: Runtime, payload: Any, reason: str) -> dict[str, Any]:
         last_snapshot_id=read("snapshot_id"),
     )
     fresh = _refuse(rt, event)
+    _give_back(rt, read("snapshot_id"), read("claimed_by"))
     _flush(rt)
     result: dict[str, Any] = {"turn_id": turn_id, "error": error.to_json()}
     return result if fresh else {**result, "duplicate": True}
@@ -159,6 +174,7 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, A
                     last_snapshot_id=last_snapshot_id,
                 ),
             )
+        _give_back(rt, request.snapshot_id, request.claimed_by)
         log.info("turn %s failed: %s", request.turn_id, error)
         failed: dict[str, Any] = {"turn_id": request.turn_id, "error": error.to_json()}
         ended_with = getattr(exc, "snapshot_id", None)

@@ -379,10 +379,11 @@ class _SharedMemoryPool(StaticPool):
     """The pool of an in-memory SQLite database: its one connection, shared by every
     thread, held by one thread at a time from checkout to checkin (a second thread
     waits, up to `timeout` seconds), so two threads never run a transaction on it at
-    once. The holder may nest checkouts. Taken before the pool hands the connection
-    out: StaticPool keeps one record, and two threads holding it at once would confuse
-    its bookkeeping. A plain lock, not a thread's own: a connection given back from
-    another thread (by the garbage collector) frees it too."""
+    once. Taken before the pool hands the connection out: StaticPool keeps one record,
+    and two threads holding it at once would confuse its bookkeeping. A plain lock, not
+    a thread's own: a connection given back from another thread (by the garbage
+    collector) frees it too. One thread should not hold two connections of it at once
+    (StaticPool then loses track of the first, and so would this lock)."""
 
     timeout = 30.0
 
