@@ -54,10 +54,10 @@ def _store_unavailable(exc: BaseException) -> bool:
     says nothing of the turn, whose run is then retried rather than ended as failed.
     Tools' and models' errors reach here as `StatusError`s, never as these."""
     try:
-        from sqlalchemy.exc import InterfaceError, OperationalError
+        from sqlalchemy.exc import OperationalError
     except ImportError:  # pragma: no cover - SQLAlchemy comes with sqlmodel
         return False
-    return isinstance(exc, OperationalError | InterfaceError)
+    return isinstance(exc, OperationalError)
 
 
 def _new_id() -> str:
@@ -128,10 +128,12 @@ class Agent:
         base = self._address(agent_input, session_id, snapshot_id, state)
         answers: Mapping[str, Answer] | None = None
         claim: str | None = None
+        # A run with a journal is one that may run again (a queued turn delivered again
+        # after its worker died). Without a caller's claim, its resume claims under its
+        # turn id, and the next run of the same turn goes on under that claim.
+        again = journal is not None
+        claimer = claimed_by or (f"turn:{turn_id}" if again and turn_id else _new_id())
         turn_id = turn_id or _new_id()
-        # Without a caller's claim, a resume claims under its turn id: a second run of the
-        # same turn (a task delivered again after its worker died) goes on under it.
-        claimer = claimed_by or f"turn:{turn_id}"
         try:
             if agent_input.resume is not None:
                 answers = self._plan(agent_input.resume, base, claimer)
@@ -165,10 +167,11 @@ class Agent:
             raise
         # A claim this run made itself is given back whenever the run ends without its
         # snapshot (cancelled, interrupted, the store failing): the pause can be answered
-        # again. A caller's claim (`claimed_by`: the worker of a queued resume, which is
-        # delivered again after a crash and must go on under it) is given back only with
-        # a failed snapshot kept, that is once the turn has had its answer.
-        own = claim if claimed_by is None else None
+        # again. A caller's claim (`claimed_by`: the worker of a queued resume), or that
+        # of a run that may run again, must outlive a crash: the next run goes on under
+        # it. It is given back only with a failed snapshot kept, once the turn has had
+        # its answer.
+        own = claim if claimed_by is None and not again else None
         try:
             if answers is not None:
                 result = turn.resume(answers)

@@ -896,3 +896,22 @@ def test_a_callers_claim_outlives_a_resume_cut_short() -> None:
     rig.gate.fn = original
     done = rig.agent.run(resume, snapshot_id=sid, claimed_by="decision-1")
     assert done.finish_reason is FinishReason.STOP
+
+
+def test_a_turn_id_given_twice_in_process_still_resumes_once() -> None:
+    """In process, with no journal, a turn id says nothing about the claim: the second
+    call with the same turn id is refused "already resumed" (the once-only claim)."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    reply = ToolResume(respond=[rig.gate.respond(out.interrupts[0], {"value": 7})])
+    sid = out.snapshot_id or ""
+    done = rig.agent.run(reply, snapshot_id=sid, turn_id="req-1")
+    assert done.finish_reason is FinishReason.STOP
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "already resumed",
+        rig.agent.run,
+        reply,
+        snapshot_id=sid,
+        turn_id="req-1",
+    )

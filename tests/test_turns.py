@@ -312,3 +312,38 @@ def test_a_resume_without_a_callers_claim_goes_on_under_its_turns_claim(rt: Runt
     }
     done = run_turn(rt, payload)
     assert done.get("finish_reason") == "stop", done
+
+
+def test_a_turns_own_claim_is_given_back_when_it_ended_unanswered(rt: Runtime) -> None:
+    """A resume sent without the consumer claims under its turn id; ended unanswered
+    (here refused) while a crash kept that claim, its next delivery gives it back."""
+    sid, resume = _paused_with_claim(rt, "s-own-refused", "turn:t-own-2")
+    journal: SqlTurnJournal = rt.journal
+    with rt.store.writer().begin() as conn:
+        journal.refuse_in(conn, "s-own-refused", "t-own-2", {"status": "UNAVAILABLE"})
+    payload = {
+        "turn_id": "t-own-2",
+        "agent": "bankingAgent",
+        "input": resume.to_json(),
+        "snapshot_id": sid,
+    }
+    assert run_turn(rt, payload).get("duplicate") is True
+    assert _claim_of(rt, sid) is None
+
+
+def test_an_unreadable_copy_of_an_answered_resume_keeps_its_claim(rt: Runtime) -> None:
+    """The resume ran and answered the pause under the decision's claim; a garbled copy
+    of its task is refused without a word, and the claim (the pause's answer) stays."""
+    sid, resume = _paused_with_claim(rt, "s-answered", "d-9")
+    payload = {
+        "turn_id": "t-answered",
+        "agent": "bankingAgent",
+        "input": resume.to_json(),
+        "snapshot_id": sid,
+        "claimed_by": "d-9",
+    }
+    assert run_turn(rt, payload).get("finish_reason") == "stop"
+    copy = run_turn(rt, {**payload, "schema_version": 2})
+    assert copy.get("duplicate") is True, copy
+    assert _claim_of(rt, sid) == "d-9"
+    assert _failed_bodies(rt) == []

@@ -62,8 +62,8 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     start = rt.journal.begin(request.turn_id, owner, rt.settings.turn_lease)
     if start.kind is TurnStartKind.ENDED:
         log.info("turn %s already ended (%s); not running it again", request.turn_id, start.status)
-        if start.status in _UNANSWERED:
-            _give_back(rt, request.snapshot_id, request.claimed_by)  # if a crash kept it
+        if start.status in _UNANSWERED:  # and a crash may have kept the claim: give it back
+            _give_back(rt, request.snapshot_id, request.claimed_by, request.turn_id)
         _flush(rt)
         return {"turn_id": request.turn_id, "snapshot_id": start.snapshot_id, "duplicate": True}
     if start.kind is TurnStartKind.BUSY:
@@ -86,11 +86,15 @@ _UNANSWERED = (REFUSED, SnapshotStatus.FAILED.value, SnapshotStatus.ABORTED.valu
 given back, so it can be answered again."""
 
 
-def _give_back(rt: Runtime, snapshot_id: str | None, claimed_by: str | None) -> None:
-    """Release the resume consumer's claim on the pause a refused or failed resume
-    turn answered (idempotent; a claim someone else holds is left alone)."""
-    if snapshot_id is not None and claimed_by is not None:
-        rt.store.release(snapshot_id, claimed_by)
+def _give_back(
+    rt: Runtime, snapshot_id: str | None, claimed_by: str | None, turn_id: str | None
+) -> None:
+    """Release the claim a refused or failed resume turn held on its pause: the resume
+    consumer's, or the one the run made under its turn id (idempotent; a claim someone
+    else holds is left alone)."""
+    claimer = claimed_by or (f"turn:{turn_id}" if turn_id is not None else None)
+    if snapshot_id is not None and claimer is not None:
+        rt.store.release(snapshot_id, claimer)
 
 
 def _unreadable(rt: Runtime, payload: Any, reason: str) -> dict[str, Any]:
@@ -114,7 +118,8 @@ def _unreadable(rt: Runtime, payload: Any, reason: str) -> dict[str, Any]:
         last_snapshot_id=read("snapshot_id"),
     )
     fresh = _refuse(rt, event)
-    _give_back(rt, read("snapshot_id"), read("claimed_by"))
+    if fresh:  # a turn that had ended before keeps what it had
+        _give_back(rt, read("snapshot_id"), read("claimed_by"), turn_id)
     _flush(rt)
     result: dict[str, Any] = {"turn_id": turn_id, "error": error.to_json()}
     return result if fresh else {**result, "duplicate": True}
@@ -160,11 +165,12 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, A
         }
     except InterlockError as exc:
         error = exc if isinstance(exc, StatusError) else StatusError(message=str(exc))
+        unanswered = True  # a refusal, or a failed snapshot: the pause can be answered
         if getattr(exc, "snapshot_id", None) is None:
             # Refused before the turn ran: no snapshot carries the event or ends the
             # turn. The journal's refusal entry ends it, in the event's transaction.
             session_id, last_snapshot_id = _where_it_stands(rt, request)
-            _refuse(
+            unanswered = _refuse(
                 rt,
                 TurnFailed(
                     agent=request.agent,
@@ -174,7 +180,8 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, A
                     last_snapshot_id=last_snapshot_id,
                 ),
             )
-        _give_back(rt, request.snapshot_id, request.claimed_by)
+        if unanswered:
+            _give_back(rt, request.snapshot_id, request.claimed_by, request.turn_id)
         log.info("turn %s failed: %s", request.turn_id, error)
         failed: dict[str, Any] = {"turn_id": request.turn_id, "error": error.to_json()}
         ended_with = getattr(exc, "snapshot_id", None)
