@@ -255,6 +255,20 @@ def _paused_with_claim(rt: Runtime, session_id: str, claimed_by: str) -> tuple[s
     return sid, resume
 
 
+def _resume_task(
+    turn_id: str, resume: AgentInput, sid: str, agent: str = "bankingAgent", **ids: str
+) -> dict[str, Any]:
+    """A resume's run_turn argument, as the consumer (with `claimed_by`) or a client
+    (without) would send it."""
+    return {
+        "turn_id": turn_id,
+        "agent": agent,
+        "input": resume.to_json(),
+        "snapshot_id": sid,
+        **ids,
+    }
+
+
 def _claim_of(rt: Runtime, sid: str) -> str | None:
     snapshot = rt.store.get_snapshot(sid)
     assert snapshot is not None
@@ -266,14 +280,9 @@ def test_a_claimed_resume_the_worker_refuses_gives_the_claim_back(rt: Runtime) -
     has no such agent, say, in a rolling deploy): the claim comes back, and the pause
     can be answered again."""
     sid, resume = _paused_with_claim(rt, "s-refused-resume", "d-1")
-    payload = {
-        "turn_id": "t-resume-1",
-        "agent": "noSuchAgent",
-        "input": resume.to_json(),
-        "snapshot_id": sid,
-        "claimed_by": "d-1",
-        "decision_id": "d-1",
-    }
+    payload = _resume_task(
+        "t-resume-1", resume, sid, agent="noSuchAgent", claimed_by="d-1", decision_id="d-1"
+    )
     refused = run_turn(rt, payload)
     assert refused["error"]["status"] == "NOT_FOUND", refused
     assert _claim_of(rt, sid) is None
@@ -287,13 +296,7 @@ def test_a_redelivered_unanswered_resume_gives_a_kept_claim_back(rt: Runtime) ->
     journal: SqlTurnJournal = rt.journal
     with rt.store.writer().begin() as conn:
         journal.refuse_in(conn, "s-kept-claim", "t-resume-3", {"status": "UNAVAILABLE"})
-    payload = {
-        "turn_id": "t-resume-3",
-        "agent": "bankingAgent",
-        "input": resume.to_json(),
-        "snapshot_id": sid,
-        "claimed_by": "d-3",
-    }
+    payload = _resume_task("t-resume-3", resume, sid, claimed_by="d-3")
     again = run_turn(rt, payload)
     assert again.get("duplicate") is True
     assert _claim_of(rt, sid) is None
@@ -304,12 +307,7 @@ def test_a_resume_without_a_callers_claim_goes_on_under_its_turns_claim(rt: Runt
     delivered again after its worker died mid-turn, it goes on instead of finding its own
     claim "already resumed"."""
     sid, resume = _paused_with_claim(rt, "s-own-claim", "turn:t-own")  # the dead run's claim
-    payload = {
-        "turn_id": "t-own",
-        "agent": "bankingAgent",
-        "input": resume.to_json(),
-        "snapshot_id": sid,
-    }
+    payload = _resume_task("t-own", resume, sid)
     done = run_turn(rt, payload)
     assert done.get("finish_reason") == "stop", done
 
@@ -321,12 +319,7 @@ def test_a_turns_own_claim_is_given_back_when_it_ended_unanswered(rt: Runtime) -
     journal: SqlTurnJournal = rt.journal
     with rt.store.writer().begin() as conn:
         journal.refuse_in(conn, "s-own-refused", "t-own-2", {"status": "UNAVAILABLE"})
-    payload = {
-        "turn_id": "t-own-2",
-        "agent": "bankingAgent",
-        "input": resume.to_json(),
-        "snapshot_id": sid,
-    }
+    payload = _resume_task("t-own-2", resume, sid)
     assert run_turn(rt, payload).get("duplicate") is True
     assert _claim_of(rt, sid) is None
 
@@ -335,13 +328,7 @@ def test_an_unreadable_copy_of_an_answered_resume_keeps_its_claim(rt: Runtime) -
     """The resume ran and answered the pause under the decision's claim; a garbled copy
     of its task is refused without a word, and the claim (the pause's answer) stays."""
     sid, resume = _paused_with_claim(rt, "s-answered", "d-9")
-    payload = {
-        "turn_id": "t-answered",
-        "agent": "bankingAgent",
-        "input": resume.to_json(),
-        "snapshot_id": sid,
-        "claimed_by": "d-9",
-    }
+    payload = _resume_task("t-answered", resume, sid, claimed_by="d-9")
     assert run_turn(rt, payload).get("finish_reason") == "stop"
     copy = run_turn(rt, {**payload, "schema_version": 2})
     assert copy.get("duplicate") is True, copy
