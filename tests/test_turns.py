@@ -334,3 +334,50 @@ def test_an_unreadable_copy_of_an_answered_resume_keeps_its_claim(rt: Runtime) -
     assert copy.get("duplicate") is True, copy
     assert _claim_of(rt, sid) == "d-9"
     assert _failed_bodies(rt) == []
+
+
+def test_a_bug_before_the_turn_is_answered_and_frees_the_pause(tmp_path: Path) -> None:
+    """A plugin that raises an ordinary exception (a bug; retrying cannot help) while a
+    claimed resume is checked: the turn is answered with turn.failed (INTERNAL) and the
+    decision's claim comes back, instead of a task failure that leaves both hanging."""
+    from interlock import Interlock, Middleware, interrupt, restart, scripted
+
+    class Buggy(Middleware):
+        def strip_resumed(self, resumed: dict[str, Any]) -> dict[str, Any]:
+            raise TypeError("strip_resumed is broken")
+
+    registry = Interlock(secret="t")
+
+    @registry.interruptible_tool(name="ask", description="asks")
+    def ask(inp: dict[str, Any], res: dict[str, Any] | None) -> dict[str, Any]:
+        if res is None:
+            interrupt({"q": 1})
+        return {"ok": True}
+
+    scripted.define(registry, "m", [scripted.reply(scripted.tool_call("ask", {}))])
+    registry.define_agent("buggy", model="scripted/m", tools=[ask], middleware=[Buggy()])
+    settings = Settings(broker_url="memory://localhost/", store_url=f"sqlite:///{tmp_path}/b.db")
+    runtime = Runtime(settings, registry)
+    try:
+        said = AgentInput(message=Message(role="user", content=[Part(text="go")]))
+        paused = run_turn(
+            runtime, new_turn_request("buggy", said, session_id="s-bug").model_dump(mode="json")
+        )
+        sid = paused["snapshot_id"]
+        assert runtime.store.claim(sid, "d-bug")
+        snapshot = runtime.store.get_snapshot(sid)
+        assert snapshot is not None
+        [question] = [p for p in snapshot.messages[-1].content if p.is_interrupt()]
+        resume = AgentInput(resume=ToolResume(restart=[restart(question, {"x": 1})]))
+        answered = run_turn(
+            runtime, _resume_task("t-bug", resume, sid, agent="buggy", claimed_by="d-bug")
+        )
+        assert answered["error"] == {
+            "status": "INTERNAL",
+            "message": "TypeError: strip_resumed is broken",
+        }
+        assert _claim_of(runtime, sid) is None
+        [event] = _failed_bodies(runtime)
+        assert event["turn_id"] == "t-bug" and event["error"]["status"] == "INTERNAL"
+    finally:
+        runtime.close()

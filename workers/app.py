@@ -6,8 +6,6 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import before_task_publish
-from kombu.exceptions import OperationalError as BrokerError
-from sqlalchemy.exc import OperationalError as DatabaseError
 
 from events.topology import TURNS, TURNS_QUEUE
 from interlock import Interlock
@@ -15,7 +13,7 @@ from schemas import TurnRequest
 
 from .runtime import Runtime
 from .settings import Settings
-from .turns import TurnBusy, run_turn
+from .turns import RETRIED, TurnBusy, run_turn
 
 __all__ = ["RUN_TURN", "create_app", "delivery_config", "runtime_of", "send_turn", "turn_summary"]
 
@@ -60,7 +58,7 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
     @app.task(  # type: ignore[untyped-decorator]
         name=RUN_TURN,
         bind=True,
-        autoretry_for=(DatabaseError, BrokerError),
+        autoretry_for=RETRIED,
         retry_backoff=True,
         retry_backoff_max=30,
         max_retries=20,

@@ -10,7 +10,9 @@ import uuid
 import weakref
 from typing import Any
 
+from kombu.exceptions import OperationalError as BrokerUnavailable
 from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError as StoreUnavailable
 
 from interlock import AgentInput, InterlockError, Status, StatusError
 from interlock.journal import TurnJournal
@@ -21,7 +23,7 @@ from schemas import SnapshotStatus, TurnFailed, TurnRequest
 from .decisions import unstorable
 from .runtime import Runtime
 
-__all__ = ["TurnBusy", "new_turn_request", "run_turn"]
+__all__ = ["RETRIED", "TurnBusy", "new_turn_request", "run_turn"]
 
 log = logging.getLogger("interlock.worker")
 
@@ -36,6 +38,11 @@ def new_turn_request(
         session_id=session_id,
         **kw,
     )
+
+
+RETRIED: tuple[type[Exception], ...] = (StoreUnavailable, BrokerUnavailable)
+"""Errors of the store's or the broker's connection: `interlock.run_turn` is retried on
+them (the turn then goes on where it stood). Any other error is the turn's answer."""
 
 
 class TurnBusy(Exception):
@@ -163,8 +170,16 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, A
             "session_id": out.session_id,
             "snapshot_id": out.snapshot_id,
         }
-    except InterlockError as exc:
-        error = exc if isinstance(exc, StatusError) else StatusError(message=str(exc))
+    except RETRIED:
+        raise  # the store or the broker: the task is retried, the turn goes on later
+    except Exception as exc:
+        if isinstance(exc, StatusError):
+            error = exc
+        elif isinstance(exc, InterlockError):
+            error = StatusError(message=str(exc))
+        else:  # a bug, ours or a plugin's: retrying cannot help; answered, not left hanging
+            log.exception("turn %s could not run", request.turn_id)
+            error = StatusError(Status.INTERNAL, f"{type(exc).__name__}: {exc}")
         unanswered = True  # a refusal, or a failed snapshot: the pause can be answered
         if getattr(exc, "snapshot_id", None) is None:
             # Refused before the turn ran: no snapshot carries the event or ends the
