@@ -33,7 +33,7 @@ from .events import (
     event_adapter,
 )
 from .model import ModelRequest, ModelResponse, ToolDefinition, Usage
-from .parts import Media, Message, Part, Role, ToolRequest, ToolResponse
+from .parts import Media, Message, Part, Resource, Role, ToolRequest, ToolResponse
 from .snapshot import Snapshot, SnapshotStatus, utcnow
 from .status import Status
 
@@ -58,6 +58,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "Part",
+    "Resource",
     "RespondEntry",
     "RestartEntry",
     "Role",

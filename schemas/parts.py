@@ -9,7 +9,7 @@ from pydantic.alias_generators import to_camel
 
 from ._base import WireModel
 
-__all__ = ["Media", "Message", "Part", "Role", "ToolRequest", "ToolResponse"]
+__all__ = ["Media", "Message", "Part", "Resource", "Role", "ToolRequest", "ToolResponse"]
 
 Role = Literal["system", "user", "model", "tool"]
 
@@ -21,6 +21,7 @@ _CONTENT_FIELDS = (
     "tool_response",
     "reasoning",
     "custom",
+    "resource",
 )
 
 
@@ -29,20 +30,31 @@ class Media(WireModel):
     content_type: str | None = None
 
 
+class Resource(WireModel):
+    """What a resource part points at (Genkit's `{"resource": {"uri": ...}}`)."""
+
+    uri: str
+
+
 class ToolRequest(WireModel):
-    """A model's request to call a tool. `ref` identifies the call."""
+    """A model's request to call a tool. `ref` identifies the call; `partial` marks a
+    request still being streamed (Genkit's field, kept as it came)."""
 
     name: str
     ref: str | None = None
     input: Any = None
+    partial: bool | None = None
 
 
 class ToolResponse(WireModel):
-    """A tool's answer to the request with the same `ref`."""
+    """A tool's answer to the request with the same `ref`. `content` holds the parts of a
+    multipart answer (Genkit's field, kept as it came; Interlock's tools answer with
+    `output`)."""
 
     name: str
     ref: str | None = None
     output: Any = None
+    content: list[Part] | None = None
 
 
 def exactly_one_of(*fields: str) -> Any:
@@ -70,6 +82,7 @@ class Part(WireModel):
     tool_response: ToolResponse | None = None
     reasoning: str | None = None
     custom: dict[str, Any] | None = None
+    resource: Resource | None = None
     metadata: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -85,7 +98,7 @@ class Part(WireModel):
             present = [f for f in _CONTENT_FIELDS if values[f] is not None]
             raise ValueError(
                 "a part holds exactly one of text, data, media, toolRequest, toolResponse, "
-                f"reasoning, custom; got {len(present)} ({', '.join(present) or 'none'})"
+                f"reasoning, custom, resource; got {len(present)} ({', '.join(present) or 'none'})"
             )
         return self
 
@@ -128,3 +141,6 @@ class Message(WireModel):
     @property
     def interrupts(self) -> list[Part]:
         return [p for p in self.content if p.is_interrupt()]
+
+
+ToolResponse.model_rebuild()

@@ -50,6 +50,16 @@ PART_VARIANTS: list[dict[str, Any]] = [
     {"toolResponse": {"name": "transferMoney", "ref": "r1", "output": {"success": True}}},
     {"reasoning": "thinking about it"},
     {"custom": {"kind": "citation", "source": "doc-1"}},
+    {"resource": {"uri": "file:///docs/terms.md"}},
+    {"toolRequest": {"name": "search", "ref": "r2", "input": {"q": "x"}, "partial": True}},
+    {
+        "toolResponse": {
+            "name": "screenshot",
+            "ref": "r3",
+            "output": {"ok": True},
+            "content": [{"media": {"url": "data:image/png;base64,iVBO"}}, {"text": "a cat"}],
+        }
+    },
     {"text": "with metadata", "metadata": {"k": [1, None, {"x": "y"}]}},
 ]
 
@@ -120,6 +130,20 @@ def test_tool_request_and_response_roundtrip() -> None:
     # ref and input/output are optional on the wire
     bare = roundtrip(ToolRequest, {"name": "noargs"})
     assert bare.ref is None and bare.input is None
+
+
+def test_genkit_resource_and_multipart_fields_are_kept() -> None:
+    """Genkit's resource parts, a tool request's `partial` flag and a multipart tool
+    response's `content` parse into typed fields and are written back as they came."""
+    part = roundtrip(Part, {"resource": {"uri": "gs://bucket/a.pdf"}, "metadata": {"k": 1}})
+    assert part.resource is not None and part.resource.uri == "gs://bucket/a.pdf"
+    assert not part.is_text() and not part.is_tool_request()
+    res = roundtrip(ToolResponse, {"name": "shot", "ref": "1", "content": [{"text": "seen"}]})
+    assert res.content == [Part(text="seen")] and res.output is None
+    with pytest.raises(ValidationError, match="exactly one of"):
+        ToolResponse.model_validate({"name": "shot", "content": [{"text": "a", "data": 1}]})
+    with pytest.raises(ValidationError, match=r"got 2 \(text, resource\)"):
+        Part.model_validate({"text": "a", "resource": {"uri": "x"}})
 
 
 # -- messages ---------------------------------------------------------------------------
