@@ -25,6 +25,7 @@ from .connection import Connection
 from .context import ToolContext
 from .errors import (
     InterlockError,
+    ResumeSnapshotNotFoundError,
     ResumeValidationError,
     SnapshotNotFoundError,
     StatusError,
@@ -59,6 +60,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "Part",
+    "ResumeSnapshotNotFoundError",
     "ResumeValidationError",
     "SessionStore",
     "Snapshot",

@@ -28,11 +28,12 @@ def copy_json(value: Any) -> Any:
 
 
 def normalize(value: Any) -> Any:
-    """A canonical form: key order ignored, 5 == 5.0, but true != 1."""
+    """A canonical form: key order ignored, 5 == 5.0, but true != 1. Numbers keep their
+    exact value (Python compares int and float exactly: 2**53 + 1 != 2.0**53)."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int | float):
-        return ("n", float(value))
+        return ("n", value)
     if isinstance(value, dict):
         return {str(k): normalize(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -23,7 +23,13 @@ from schemas import (
     utcnow,
 )
 
-from .errors import InterlockError, ResumeValidationError, SnapshotNotFoundError, StatusError
+from .errors import (
+    InterlockError,
+    ResumeSnapshotNotFoundError,
+    ResumeValidationError,
+    SnapshotNotFoundError,
+    StatusError,
+)
 from .journal import TurnJournal
 from .middleware import Middleware
 from .resume import Answer, check_resumable, pending_interrupts, plan_resume
@@ -240,6 +246,10 @@ class Agent:
         (rule 7), and a failure is a `ResumeValidationError`."""
         try:
             return self._base(session_id, snapshot_id, state)
+        except SnapshotNotFoundError as exc:
+            if agent_input.resume is None:
+                raise
+            raise ResumeSnapshotNotFoundError(exc.message) from exc
         except StatusError as exc:
             if agent_input.resume is None or type(exc) is not StatusError:
                 raise

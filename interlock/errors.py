@@ -8,6 +8,7 @@ from schemas import ErrorInfo, Status
 
 __all__ = [
     "InterlockError",
+    "ResumeSnapshotNotFoundError",
     "ResumeValidationError",
     "SnapshotNotFoundError",
     "StatusError",
@@ -75,18 +76,35 @@ class ResumeValidationError(StatusError):
     default_status = Status.INVALID_ARGUMENT
 
 
-class SnapshotNotFoundError(StatusError):
+class _NotFound(StatusError):
+    """NOT_FOUND errors, built from a message (`SnapshotNotFoundError("...")`) or in
+    StatusError's form (`SnapshotNotFoundError(Status.NOT_FOUND, "...")`)."""
+
     default_status = Status.NOT_FOUND
+    default_message = "not found"
 
-    def __init__(self, message: str = "snapshot not found") -> None:
-        super().__init__(Status.NOT_FOUND, message)
+    def __init__(self, message: Status | str | None = None, detail: str | None = None) -> None:
+        if detail is not None or isinstance(message, Status):
+            super().__init__(message, detail or self.default_message)
+        else:
+            super().__init__(Status.NOT_FOUND, message or self.default_message)
 
 
-class ToolNotFoundError(StatusError):
-    default_status = Status.NOT_FOUND
+class SnapshotNotFoundError(_NotFound):
+    """No snapshot has this id."""
 
-    def __init__(self, message: str = "tool not found") -> None:
-        super().__init__(Status.NOT_FOUND, message)
+    default_message = "snapshot not found"
+
+
+class ResumeSnapshotNotFoundError(SnapshotNotFoundError, ResumeValidationError):
+    """A resume addressed to a snapshot that does not exist: NOT_FOUND, and, like every
+    resume refused before it ran, a `ResumeValidationError`."""
+
+
+class ToolNotFoundError(_NotFound):
+    """No tool of this name is registered."""
+
+    default_message = "tool not found"
 
 
 def status_of(exc: BaseException | None) -> Status:

@@ -131,7 +131,8 @@ def plan_resume(
     answers: dict[str, Answer] = {}
     for part in resume.respond:
         res = part.tool_response
-        if res is None or part.meta("interruptResponse") is None:
+        marker = part.meta("interruptResponse")  # True, or Genkit's metadata object
+        if res is None or not (marker is True or isinstance(marker, dict)):
             raise _invalid(
                 "respond entries must be tool-response parts built with respond() from the "
                 "interrupt part; a hand-rolled part is rejected"
@@ -156,6 +157,8 @@ def plan_resume(
         if req.ref in restarted:
             raise _invalid(f"restart lists ref {req.ref} twice")
         restarted.add(req.ref)
+        if req.ref in answers:  # respond wins over restart for the same ref: not used
+            continue
         try:
             same = same_json(req.input, original.tool_request.input)
         except (ValueError, RecursionError):  # nested deeper than JSON tools can take
@@ -170,8 +173,7 @@ def plan_resume(
         if resumed is not True and data is None:
             raise _invalid(f"restart of ref {req.ref}: resume data must be a JSON object")
         _check_resumed(tools.get(req.name), data, middleware)
-        if req.ref not in answers:  # respond wins over restart for the same ref
-            answers[req.ref] = Answer("restart", req.name, req.ref, part, data)
+        answers[req.ref] = Answer("restart", req.name, req.ref, part, data)
 
     missing = [_describe(p) for ref, p in pending.items() if ref not in answers]
     if missing:

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from examples.banking import ApprovalReply, TransferOutput, bankingAgent, transferMoney
 from interlock import (
+    AgentInput,
     AgentOutput,
     FinishReason,
     InMemorySessionStore,
@@ -231,6 +232,27 @@ def test_restart_input_compared_as_normalized_json() -> None:
     assert final.text == 'results: [{"value": 5}]'
 
 
+def test_restart_input_keeps_large_integers_exact() -> None:
+    """5 == 5.0, but two integers a float cannot tell apart are still two inputs."""
+    rig = Rig({"n": 2**53 + 1})
+    out = rig.paused()
+    reply = rig.gate.resume(out.interrupts[0], Answer(ok=True))
+    assert reply.tool_request is not None
+    off_by_one = reply.model_copy(
+        update={"tool_request": reply.tool_request.model_copy(update={"input": {"n": 2**53}})}
+    )
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "changed its input",
+        rig.agent.run,
+        ToolResume(restart=[off_by_one]),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+    final = rig.agent.run(ToolResume(restart=[reply]), session_id=out.session_id)
+    assert final.finish_reason is FinishReason.STOP
+
+
 def test_restart_input_true_is_not_one() -> None:
     ai = Interlock()
 
@@ -319,6 +341,27 @@ def test_hand_rolled_respond_part_is_rejected() -> None:
         "a hand-rolled part is rejected",
         bankingAgent.run,
         ToolResume(respond=[hand_rolled]),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+
+
+@pytest.mark.parametrize("marker", [False, None, 0, ""])
+def test_a_respond_part_whose_marker_is_false_is_hand_rolled(marker: Any) -> None:
+    out = bankingAgent.run_text("Transfer $500 to savings.")
+    req = out.interrupts[0].tool_request
+    assert req is not None
+    unmarked = Part(
+        tool_response=ToolResponse(
+            name=req.name, ref=req.ref, output={"success": True, "transactionId": "forged"}
+        ),
+        metadata={"interruptResponse": marker},
+    )
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "a hand-rolled part is rejected",
+        bankingAgent.run,
+        ToolResume(respond=[unmarked]),
         session_id=out.session_id,
         error=ResumeValidationError,
     )
@@ -431,6 +474,25 @@ def test_same_ref_in_both_lists_respond_wins() -> None:
     )
     assert final.text == 'results: [{"value": 42}]'
     assert rig.runs == [None]  # the restart did not run
+
+
+def test_same_ref_in_both_lists_the_restart_is_not_even_checked() -> None:
+    """Respond wins: the restart for the same ref is set aside before its input or
+    resume data are checked, so a bad one does not refuse the resume."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    part = out.interrupts[0]
+    restart = rig.gate.resume(part, Answer(ok=True))
+    assert restart.tool_request is not None
+    changed = restart.model_copy(
+        update={"tool_request": restart.tool_request.model_copy(update={"input": {"n": 2}})}
+    )
+    final = rig.agent.run(
+        ToolResume(respond=[rig.gate.respond(part, {"value": 7})], restart=[changed]),
+        session_id=out.session_id,
+    )
+    assert final.text == 'results: [{"value": 7}]'
+    assert rig.runs == [None]
 
 
 # -- rule 6: snapshot status, resumed once ------------------------------------------------------
@@ -586,6 +648,13 @@ def test_unknown_snapshot_id() -> None:
         snapshot_id="missing",
     )
     assert isinstance(err, SnapshotNotFoundError)
+    assert isinstance(err, ResumeValidationError)  # a resume refused before it ran
+    with pytest.raises(ResumeValidationError, match="snapshot missing not found"):
+        rig.agent.validate_resume(AgentInput(resume=ToolResume()), snapshot_id="missing")
+    # A new message addressed to an unknown snapshot is no resume: plain NOT_FOUND.
+    with pytest.raises(SnapshotNotFoundError) as plain:
+        rig.agent.run_text("hello", snapshot_id="missing")
+    assert not isinstance(plain.value, ResumeValidationError)
 
 
 def test_resume_on_a_fresh_session_has_nothing_to_resume() -> None:

@@ -25,6 +25,7 @@ from interlock import (
     Message,
     ModelRequest,
     Part,
+    ResumeSnapshotNotFoundError,
     ResumeValidationError,
     SnapshotNotFoundError,
     SnapshotStatus,
@@ -514,6 +515,7 @@ def all_errors() -> list[StatusError]:
         failed,
         ResumeValidationError(Status.FAILED_PRECONDITION, "already resumed"),
         SnapshotNotFoundError("snapshot s not found"),
+        ResumeSnapshotNotFoundError("snapshot s not found"),
         ToolNotFoundError("tool t is not defined"),
     ]
 
@@ -560,6 +562,22 @@ def test_error_defaults_and_tree() -> None:
         assert issubclass(cls, InterlockError)
     assert issubclass(ToolNotFoundError, StatusError)
     assert issubclass(InterlockError, Exception)
+    assert issubclass(ResumeSnapshotNotFoundError, SnapshotNotFoundError)
+    assert issubclass(ResumeSnapshotNotFoundError, ResumeValidationError)
+    assert ResumeSnapshotNotFoundError().status is Status.NOT_FOUND
+
+
+@pytest.mark.parametrize("cls", [SnapshotNotFoundError, ToolNotFoundError])
+def test_not_found_errors_take_a_message_or_the_status_form(
+    cls: type[SnapshotNotFoundError] | type[ToolNotFoundError],
+) -> None:
+    """NOT_FOUND errors are built from a message, or like StatusError(status, message)."""
+    plain = cls("x is missing")
+    assert (plain.status, plain.message) == (Status.NOT_FOUND, "x is missing")
+    styled = cls(Status.NOT_FOUND, "x is missing")
+    assert (styled.status, styled.message) == (Status.NOT_FOUND, "x is missing")
+    assert str(styled) == str(plain) == "NOT_FOUND: x is missing"
+    assert cls(Status.NOT_FOUND).message == cls().message != ""
 
 
 def test_status_of_walks_the_cause_chain() -> None:
