@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from ._base import Envelope
 from .parts import Part
@@ -31,7 +31,8 @@ class RespondEntry(Envelope):
 
 class RestartEntry(Envelope):
     """Re-run the interrupted tool with `resumed` as its resume data. `input`, when
-    given, must equal the interrupted call's input; when absent the stored one is used."""
+    given, must equal the interrupted call's input; when absent or null the stored one
+    is used."""
 
     name: str
     ref: str
@@ -40,12 +41,22 @@ class RestartEntry(Envelope):
 
     @property
     def has_input(self) -> bool:
-        return "input" in self.model_fields_set
+        """Whether the entry gives an input; `"input": null` (a client that writes
+        every field) counts as absent."""
+        return "input" in self.model_fields_set and self.input is not None
+
+
+def _version_required(schema: dict[str, Any]) -> None:
+    schema["required"] = ["schema_version", *schema.get("required", [])]
 
 
 class Decision(Envelope):
     """A decision read from `interlock.decisions`. Entries are the plain JSON form, or
-    the `Part`s that `tool.respond` / `tool.resume` built."""
+    the `Part`s that `tool.respond` / `tool.resume` built. On the wire `schema_version`
+    is required (the consumer refuses a decision without it); in Python it defaults
+    to 1."""
+
+    model_config = ConfigDict(json_schema_extra=_version_required)
 
     schema_version: Literal[1] = 1
     decision_id: str = Field(min_length=1, max_length=200)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, TypeAdapter
+from pydantic import AfterValidator, Discriminator, Field, TypeAdapter
 
 from ._base import Envelope
 from .agent import ErrorInfo, FinishReason
@@ -35,6 +35,15 @@ def _uuid() -> str:
     return str(uuid.uuid4())
 
 
+def _utc(ts: datetime) -> datetime:
+    """Aware UTC: a naive time (SQLite hands them back) is taken to be UTC, so every
+    time on the wire is RFC 3339 with its offset."""
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+Instant = Annotated[datetime, AfterValidator(_utc)]
+
+
 class EventBase(Envelope):
     """Fields every event carries. Ids are null where they cannot be known (a decision
     too malformed to name its snapshot)."""
@@ -42,7 +51,7 @@ class EventBase(Envelope):
     schema_version: Literal[1] = 1
     event_id: str = Field(default_factory=_uuid)
     type: str
-    occurred_at: datetime = Field(default_factory=utcnow)
+    occurred_at: Instant = Field(default_factory=utcnow)
     agent: str | None = None
     session_id: str | None = None
     snapshot_id: str | None = None
@@ -66,7 +75,7 @@ class TurnInterrupted(EventBase):
     type: Literal["turn.interrupted"] = "turn.interrupted"
     interrupts: list[InterruptInfo]
     resume_token: str | None = None
-    expires_at: datetime | None = None
+    expires_at: Instant | None = None
     message: Message | None = None
 
 
@@ -84,7 +93,7 @@ class TurnFailed(EventBase):
 
 class TurnExpired(EventBase):
     type: Literal["turn.expired"] = "turn.expired"
-    expires_at: datetime | None = None
+    expires_at: Instant | None = None
 
 
 class DecisionAccepted(EventBase):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,9 @@ def test_sweeper_expires_and_announces(sql_store: SqlSessionStore) -> None:
     assert sql_store.get_snapshot(claimed.snapshot_id).status is SnapshotStatus.COMPLETED  # type: ignore[union-attr]
     rows = [(key, json.loads(body)) for _, key, body in outbox.unsent()]
     assert ("turn.expired", expired[0].model_dump(mode="json")) in rows
+    [wire] = [body for key, body in rows if key == "turn.expired"]
+    for field in ("expires_at", "occurred_at"):  # RFC 3339, with the offset
+        assert datetime.fromisoformat(wire[field]).utcoffset() == timedelta(0), wire
     assert expire_overdue(sql_store, outbox) == [], "expired once"
     with pytest.raises(ResumeValidationError) as info:
         agent.run(

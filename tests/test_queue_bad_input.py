@@ -130,6 +130,33 @@ def test_restart_input_must_equal_the_interrupted_one(dash: Dashboard) -> None:
     assert "transferred $14.00 to modified" in done.message.text  # type: ignore[attr-defined]
 
 
+def test_a_null_restart_input_means_the_stored_one(dash: Dashboard) -> None:
+    """A client that writes every field sends `"input": null`: the stored input is
+    used, as when the field is absent."""
+    paused = dash.paused("Transfer $17 to nulls")
+    [item] = paused.interrupts
+    body = decision(
+        paused.snapshot_id,
+        paused.resume_token,
+        restart=[
+            {"name": item.name, "ref": item.ref, "input": None, "resumed": {"approved": True}}
+        ],
+    )
+    dash.publish_json(body)
+    done = dash.resumed_turn(dash.outcome(body["decision_id"]))
+    assert done.type == "turn.completed", done.model_dump_json()
+    assert "transferred $17.00 to nulls" in done.message.text  # type: ignore[attr-defined]
+
+
+def test_a_decision_with_a_byte_order_mark_is_read(dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $18 to marked")
+    body = decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused))
+    raw = "\ufeff".encode() + json.dumps(body).encode()
+    dash.publish_raw(raw, "application/json", exchange="interlock.decisions")
+    done = dash.resumed_turn(dash.outcome(body["decision_id"]))
+    assert done.type == "turn.completed", done.model_dump_json()
+
+
 def test_partial_answer_is_invalid_argument(dash: Dashboard) -> None:
     paused = dash.paused("Transfer $15 to first and $16 to second")
     first, second = paused.interrupts
@@ -284,6 +311,9 @@ DEEP = "[" * 100_000 + "]" * 100_000
         (lambda d: {**d, "snapshot_id": "nul\u0000snapshot"}, True, "NUL"),
         (lambda d: {**d, "reviewer": "nul\u0000reviewer"}, True, "NUL"),
         (lambda d: {**d, "restart": [{"name": "t\u0000", "ref": "r"}]}, True, "NUL"),
+        (lambda d: {**d, "schema_version": True}, True, "schema_version"),
+        (lambda d: {**d, "reviewer": float("nan")}, False, "NaN is not a JSON value"),
+        (lambda d: {**d, "reviewer": float("inf")}, False, "Infinity is not a JSON value"),
     ],
     ids=[
         "array",
@@ -299,6 +329,9 @@ DEEP = "[" * 100_000 + "]" * 100_000
         "nul-snapshot-id",
         "nul-reviewer",
         "nul-tool-name",
+        "schema-version-true",
+        "nan",
+        "infinity",
     ],
 )
 def test_invalid_decision_is_rejected_and_dead_lettered(

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from events.outbox import outbox_table
+from events.tokens import hash_token, new_token
 from examples.banking import ApprovalReply, ai, transferMoney
 from interlock import (
     AgentInput,
@@ -24,7 +25,7 @@ from interlock import (
     ToolResume,
 )
 from interlock.stores.sql_journal import SqlTurnJournal, TurnStartKind
-from schemas import Decision, SnapshotStatus
+from schemas import Decision, FinishReason, SnapshotStatus
 from workers.decisions import evaluate
 from workers.runtime import Runtime
 from workers.settings import Settings
@@ -205,6 +206,34 @@ def test_a_pause_made_without_the_outbox_still_needs_a_token(tmp_path: Path) -> 
         assert "is not interrupted" in info.value.message
     finally:
         runtime.close()
+
+
+def test_an_expired_pause_still_asks_for_its_token(rt: Runtime) -> None:
+    """Only the token's holder learns that a pause expired: to anyone else a decision
+    for it is PERMISSION_DENIED, as for any pause."""
+    agent = ai.lookup_agent("bankingAgent").with_store(rt.store)
+    paused = agent.run_text("Transfer $4 to too-late")
+    stored = rt.store.get_snapshot(paused.snapshot_id or "")
+    assert stored is not None
+    token = new_token()
+    expired = stored.model_copy(
+        update={
+            "status": SnapshotStatus.EXPIRED,
+            "finish_reason": FinishReason.EXPIRED,
+            "resume_token_hash": hash_token(token),
+        }
+    )
+    [ask] = paused.interrupts
+    assert ask.tool_request is not None
+    entry = {"name": "transferMoney", "ref": ask.tool_request.ref, "resumed": {"approved": True}}
+    for given, status in (("guess", Status.PERMISSION_DENIED), (token, Status.FAILED_PRECONDITION)):
+        late = Decision.model_validate(
+            {"decision_id": str(uuid.uuid4()), "snapshot_id": expired.snapshot_id,
+             "resume_token": given, "restart": [entry]}
+        )  # fmt: skip
+        with pytest.raises(StatusError) as info:
+            evaluate(rt, late, expired)
+        assert info.value.status is status, info.value
 
 
 def test_a_turn_refused_as_unreadable_is_not_run_when_sent_again_correctly(rt: Runtime) -> None:

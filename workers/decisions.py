@@ -58,7 +58,9 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
     if kind not in _JSON_TYPES:
         return ParseFailure(f"content type {content_type!r} is not accepted: send JSON")
     try:
-        data = json.loads(raw.decode("utf-8"))
+        # A leading byte order mark is ignored (RFC 8259 lets a reader do so); NaN and
+        # Infinity, which Python's reader would take, are no JSON.
+        data = json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         return ParseFailure(f"decision is not JSON: {exc}")
     except RecursionError:  # "[[[[...": a poison message, not a reason to retry
@@ -71,7 +73,8 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
         if isinstance(found, str) and 0 < len(found) <= 200 and unstorable(found) is None
         else None
     )
-    if data.get("schema_version") != 1:
+    version = data.get("schema_version")
+    if isinstance(version, bool) or version != 1:  # true == 1 in Python, not in JSON
         return ParseFailure(
             f"unknown schema_version {data.get('schema_version')!r}; this consumer reads 1",
             decision_id,
@@ -83,6 +86,10 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
         return Decision.model_validate(data)
     except ValidationError as exc:
         return ParseFailure(f"decision does not match the schema: {brief(exc)}", decision_id)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def unstorable(data: Any) -> str | None:
@@ -144,7 +151,12 @@ def evaluate(rt: Runtime, decision: Decision, snapshot: Snapshot | None) -> Turn
         raise SnapshotNotFoundError(f"snapshot {decision.snapshot_id} not found")
     # A snapshot that never paused was issued no token and can never be resumed: it is
     # refused for what it is (FAILED_PRECONDITION, rule 4) whatever token came with it.
-    paused = snapshot.finish_reason == FinishReason.INTERRUPTED
+    # One that paused (and has expired since, say) is refused so only to its token's
+    # holder: to anyone else, it is PERMISSION_DENIED like any pause.
+    paused = (
+        snapshot.finish_reason == FinishReason.INTERRUPTED
+        or snapshot.resume_token_hash is not None
+    )
     if paused and not token_matches(decision.resume_token, snapshot.resume_token_hash):
         raise StatusError(
             Status.PERMISSION_DENIED,
