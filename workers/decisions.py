@@ -154,8 +154,7 @@ def evaluate(rt: Runtime, decision: Decision, snapshot: Snapshot | None) -> Turn
     # One that paused (and has expired since, say) is refused so only to its token's
     # holder: to anyone else, it is PERMISSION_DENIED like any pause.
     paused = (
-        snapshot.finish_reason == FinishReason.INTERRUPTED
-        or snapshot.resume_token_hash is not None
+        snapshot.finish_reason == FinishReason.INTERRUPTED or snapshot.resume_token_hash is not None
     )
     if paused and not token_matches(decision.resume_token, snapshot.resume_token_hash):
         raise StatusError(
