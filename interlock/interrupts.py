@@ -12,7 +12,7 @@ from schemas import Part, Status, ToolRequest, ToolResponse
 from ._json import to_json_value
 from .errors import StatusError
 
-__all__ = ["ToolInterrupt", "interrupt", "interrupt_as", "respond", "restart"]
+__all__ = ["ToolInterrupt", "interrupt", "interrupt_as", "json_of", "respond", "restart"]
 
 T = TypeVar("T")
 
@@ -68,6 +68,15 @@ def interrupt_as(part: Part, type_: type[T] | Any) -> T | None:
     return result
 
 
+def json_of(value: Any, what: str) -> Any:
+    """`value` as JSON; one with no JSON form (an arbitrary object, say) is
+    INVALID_ARGUMENT naming `what`, not a serializer's error."""
+    try:
+        return to_json_value(value)
+    except ValueError as exc:  # pydantic's serialization error
+        raise StatusError(Status.INVALID_ARGUMENT, f"{what} has no JSON form: {exc}") from exc
+
+
 def _request_of(part: Part, what: str) -> ToolRequest:
     if part.tool_request is None:
         raise StatusError(
@@ -80,8 +89,9 @@ def respond(part: Part, output: Any, metadata: dict[str, Any] | None = None) -> 
     """A tool-response part that answers the interrupt `part` with `output`."""
     req = _request_of(part, "respond")
     meta = {**(metadata or {}), "interruptResponse": True}
+    value = json_of(output, "respond output")
     return Part(
-        tool_response=ToolResponse(name=req.name, ref=req.ref, output=to_json_value(output)),
+        tool_response=ToolResponse(name=req.name, ref=req.ref, output=value),
         metadata=meta,
     )
 
@@ -90,7 +100,7 @@ def restart(part: Part, resumed: Any = None) -> Part:
     """A tool-request part that re-runs the interrupted tool, with `resumed` as its
     resume data (`True` when there is none)."""
     req = _request_of(part, "restart")
-    data = to_json_value(resumed) if resumed is not None else True
+    data = json_of(resumed, "resume data") if resumed is not None else True
     if not (data is True or isinstance(data, dict)):
         raise StatusError(Status.INVALID_ARGUMENT, "resume data must serialize to a JSON object")
     return Part(

@@ -17,7 +17,7 @@ from schemas import Part, Status, ToolDefinition
 from ._json import copy_json, to_json_value
 from .context import ToolContext
 from .errors import StatusError
-from .interrupts import interrupt_as, respond, restart
+from .interrupts import interrupt_as, json_of, respond, restart
 
 __all__ = ["InterruptibleTool", "Tool", "brief", "run_sync"]
 
@@ -147,7 +147,8 @@ class Tool(Generic[In, Out]):
     def check_output(self, value: Any) -> Any:
         """`value` validated against Out, as JSON (INVALID_ARGUMENT when it does not fit)."""
         try:
-            return to_json_value(self._out.validate_python(to_json_value(value)))
+            given = json_of(value, f"output of tool {self.name!r}")
+            return to_json_value(self._out.validate_python(given))
         except ValidationError as exc:
             raise StatusError(
                 Status.INVALID_ARGUMENT, f"invalid output for tool {self.name!r}: {brief(exc)}"
@@ -205,7 +206,7 @@ class Tool(Generic[In, Out]):
         """Re-run the tool with `resume_data` delivered as its `res` argument."""
         self._own(part)
         if resume_data is not None:
-            self.parse_resumed(to_json_value(resume_data))
+            self.parse_resumed(json_of(resume_data, "resume data"))
         return restart(part, resume_data)
 
     restart = resume

@@ -433,6 +433,43 @@ def test_module_builders_need_a_tool_request() -> None:
         restart(interrupt_part(), [1, 2])
 
 
+def test_answers_with_no_json_form_are_invalid_argument() -> None:
+    """An output or resume data that cannot become JSON (an arbitrary object) is
+    INVALID_ARGUMENT naming what was wrong, from every builder, not a serializer's error."""
+    ai = Interlock()
+
+    @ai.tool(name="anything", description="")
+    def anything(inp: dict[str, Any]) -> Any:
+        return inp
+
+    part = interrupt_part(name="anything")
+    builds: dict[str, Callable[[], Part]] = {
+        "output of tool 'anything' has no JSON form": lambda: anything.respond(part, object()),
+        "respond output has no JSON form": lambda: respond(part, object()),
+        "resume data has no JSON form": lambda: restart(part, {"at": object()}),
+    }
+    for expected, build in builds.items():
+        with pytest.raises(StatusError) as info:
+            build()
+        assert info.value.status is Status.INVALID_ARGUMENT
+        assert expected in info.value.message
+    with pytest.raises(StatusError, match="resume data has no JSON form"):
+        transferMoney.resume(interrupt_part(), {"approved": object()})
+
+
+def test_a_tool_output_with_no_json_form_fails_the_turn() -> None:
+    ai = Interlock()
+
+    @ai.tool(name="opaque", description="")
+    def opaque(inp: Num) -> Any:
+        return object()
+
+    with pytest.raises(ToolFailedError) as info:
+        one_call(ai, opaque, {"n": 1}).run_text("go")
+    assert status_of(info.value) is Status.INVALID_ARGUMENT
+    assert "output of tool 'opaque' has no JSON form" in info.value.message
+
+
 # -- tool definitions ----------------------------------------------------------------------------
 
 

@@ -18,7 +18,9 @@ class SessionStore(Protocol):
         ...
 
     def get_latest_snapshot(self, session_id: str) -> Snapshot | None:
-        """The newest snapshot of the session, whatever its status, or None."""
+        """The newest snapshot of the session, whatever its status, or None. Newest is
+        the last first saved (a replace keeps a snapshot's place), not the latest
+        `created_at`: clocks of several machines need not agree."""
         ...
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
@@ -42,5 +44,5 @@ class SessionStore(Protocol):
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
-        """Snapshots matching every given filter, newest first."""
+        """Snapshots matching every given filter, newest (last first saved) first."""
         ...
