@@ -3,6 +3,7 @@ consumer idempotent by `decision_id` and is the audit trail of who decided what.
 
 from __future__ import annotations
 
+import json
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from interlock import SqlSessionStore
 from schemas import EventBase, utcnow
 
-__all__ = ["DecisionLog", "DecisionRecord", "decision_table"]
+__all__ = ["DecisionLog", "DecisionRecord", "decision_table", "without_token"]
 
 decision_metadata = MetaData()
 decision_table = Table(
@@ -101,7 +102,7 @@ class DecisionLog:
             "outcome": "accepted" if event.type == "decision.accepted" else "rejected",
             "status": error.status.value if error is not None else "OK",
             "message": error.message if error is not None else None,
-            "body": body,
+            "body": without_token(body),
             "event_type": event.type,
             "event_body": event.model_dump_json(),
             "received_at": utcnow(),
@@ -128,6 +129,20 @@ class DecisionLog:
                 .all()
             )
         return [_record(r) for r in rows]
+
+
+def without_token(body: str) -> str:
+    """A decision's text as the log keeps it: without its `resume_token`, a secret stored
+    only as a hash (whoever reads the store must not learn a token from it, and use it on
+    a pause still open). A body that is no JSON object is kept as it came."""
+    try:
+        data = json.loads(body.removeprefix("\ufeff"))
+    except ValueError:
+        return body
+    if not isinstance(data, dict) or "resume_token" not in data:
+        return body
+    del data["resume_token"]
+    return json.dumps(data)  # escaped: a lone surrogate stays the text "\\ud800"
 
 
 def _record(row: Any) -> DecisionRecord:

@@ -219,6 +219,36 @@ def test_rejected_decision_claims_nothing(rig: Rig) -> None:
     assert consumer.handle(raw(body), "application/json", {}).type == "decision.accepted"
 
 
+def test_the_decision_log_keeps_no_resume_token(rig: Rig) -> None:
+    """The token is a secret stored only as a hash: the log keeps each decision without
+    it, accepted or refused, so reading the store does not give a pause's token. What the
+    reviewer answered stays readable, and a redelivered accepted decision still enqueues
+    its resume from the kept body."""
+    body = rig.paused(8)
+    token = body["resume_token"]
+    typo = {
+        **body,
+        "decision_id": str(uuid.uuid4()),
+        "restart": [{**body["restart"][0], "ref": "no-such-ref"}],
+    }
+    consumer = rig.consumer()
+    rejected = consumer.handle(raw(typo), "application/json", {}).model_dump(mode="json")
+    assert rejected["error"]["status"] == "INVALID_ARGUMENT", rejected
+    assert consumer.handle(raw(body), "application/json", {}).type == "decision.accepted"
+    with rig.rt.store.engine.connect() as conn:
+        kept = conn.execute(text("SELECT decision_id, body FROM interlock_decision")).all()
+    assert {row.decision_id for row in kept} == {typo["decision_id"], body["decision_id"]}
+    for row in kept:
+        assert token not in row.body
+        stored = json.loads(row.body)
+        assert "resume_token" not in stored
+        assert stored["reviewer"] == "alice@example.com"
+        assert stored["restart"][0]["resumed"] == {"approved": True}
+    [first] = rig.enqueued()
+    consumer.handle(raw(body), "application/json", {})  # redelivered: enqueued again
+    assert [r["turn_id"] for r in rig.enqueued()] == [first["turn_id"]]
+
+
 def test_claim_lost_to_another_decision_is_rejected_and_recorded(rig: Rig) -> None:
     """Two decisions for one snapshot: the second fails the claim (rule 6). It is
     recorded as rejected, in a transaction of its own, and the first keeps the claim."""
