@@ -21,20 +21,35 @@ queue's key holding another type, Redis out of memory or read-only) are raised, 
 kombu's own push would raise them. Everything else, blocking reads included, is
 kombu's own.
 
+An item on a queue that is no kombu message (a client that pushed its own JSON onto the
+list, a truncated or hand-edited envelope) would make kombu's read raise out of the
+consumer's loop, the item already popped: lost, and the consumer stopped. This channel
+delivers it instead as a message (`envelope`): a JSON object with no envelope around it
+as that message's JSON body, anything else as its exact bytes with the header
+`UNREADABLE` saying what is wrong, so the consumer can refuse it and keep it.
+
 Used for `redis://` and `rediss://` brokers (`transport_for`); other URLs keep their
 transport.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
+import uuid
+from queue import Empty
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
-from kombu.utils.json import dumps
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import dumps, loads
 
-__all__ = ["Channel", "Transport", "transport_for"]
+__all__ = ["UNREADABLE", "Channel", "Transport", "envelope", "transport_for"]
+
+UNREADABLE = "x-interlock-unreadable"
+"""The header of a message made from a queue item that was no kombu message: what is
+wrong with it. The message's body is the item's bytes, exactly."""
 
 TRANSPORT = "events.redis_transport:Transport"
 
@@ -164,6 +179,98 @@ class Channel(kombu_redis.Channel):
             )
             return False
         return int(pushed) >= 0
+
+    def _brpop_read(self, **options: Any) -> Any:
+        """kombu's read of a `BRPOP` reply, with the item turned into a message by
+        `envelope` (kombu's `loads` raises on an item that is no JSON)."""
+        try:
+            try:
+                dest_item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()  # the next iteration reconnects
+                raise
+            if not dest_item:
+                raise Empty()
+            dest, item = dest_item
+            queue = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(queue)
+            self.connection._deliver(envelope(item, queue, self), queue)
+            return True
+        finally:
+            self._in_poll = None  # type: ignore[assignment]  # as kombu does
+            flush = getattr(self, "_flush_brpop_reauth", None)  # kombu 5.6 and later
+            if flush is not None:
+                flush()
+
+    def _get(self, queue: str, timeout: Any = None) -> Any:
+        """kombu's `_get` (a polling read, `basic_get`), with the item read by `envelope`."""
+        expire = getattr(self, "_maybe_update_queues_expire", None)
+        with self.conn_or_acquire() as client:
+            for pri in self.priority_steps:
+                item = client.rpop(self._q_for_pri(queue, pri))
+                if item:
+                    if expire is not None:
+                        expire(client, queue)
+                    return envelope(item, queue, self)
+            if expire is not None:
+                expire(client, queue)
+            raise Empty()
+
+
+def envelope(item: bytes | str, queue: str, channel: Any) -> dict[str, Any]:
+    """The kombu message that the queue item `item` holds. An item that is no kombu
+    message is made into one: a JSON object without kombu's envelope (no `properties`
+    and no `body`) becomes its JSON body; anything else keeps its exact bytes as the body,
+    with what is wrong in the `UNREADABLE` header. Made messages are acked and restored
+    like any other."""
+    raw = item if isinstance(item, bytes) else item.encode("utf-8", errors="surrogatepass")
+    try:
+        payload = loads(bytes_to_str(raw))
+    except ValueError as exc:  # not UTF-8, or not JSON
+        return _made(raw, queue, f"the queue item is not JSON: {exc}")
+    if isinstance(payload, dict) and "properties" not in payload and "body" not in payload:
+        return _made(raw, queue, None)  # a bare JSON message, as another client may push
+    wrong = _unsound(payload, channel)
+    return payload if wrong is None else _made(raw, queue, wrong)
+
+
+def _unsound(payload: Any, channel: Any) -> str | None:
+    """What keeps `payload` from being read as a kombu message, or None."""
+    if not isinstance(payload, dict):
+        return f"the queue item is a JSON {type(payload).__name__}, not a kombu message"
+    properties = payload.get("properties")
+    if not isinstance(properties, dict) or not isinstance(properties.get("delivery_tag"), str):
+        return "the kombu message has no properties with a delivery_tag"
+    if not isinstance(payload.get("headers") or {}, dict):
+        return "the kombu message's headers are not an object"
+    if not isinstance(properties.get("delivery_info") or {}, dict):
+        return "the kombu message's delivery_info is not an object"
+    for key in ("content-type", "content-encoding"):
+        if not isinstance(payload.get(key) or "", str):
+            return f"the kombu message's {key} is not a string"
+    body, encoding = payload.get("body"), properties.get("body_encoding")
+    if body:
+        try:
+            channel.decode_body(body, encoding)
+        except (ValueError, TypeError, AttributeError, LookupError) as exc:
+            return f"the kombu message's body cannot be decoded as {encoding!r}: {exc}"
+    return None
+
+
+def _made(raw: bytes, queue: str, wrong: str | None) -> dict[str, Any]:
+    return {
+        "body": base64.b64encode(raw).decode(),
+        "content-encoding": "binary" if wrong is not None else "utf-8",
+        "content-type": "application/octet-stream" if wrong is not None else "application/json",
+        "headers": {UNREADABLE: wrong[:500]} if wrong is not None else {},
+        "properties": {
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "delivery_mode": 2,
+            "priority": 0,
+        },
+    }
 
 
 class Transport(kombu_redis.Transport):

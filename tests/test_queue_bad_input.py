@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
+import redis
 from queue_helpers import (
     Dashboard,
     QueueStack,
@@ -285,6 +286,80 @@ def test_unreadable_body_is_rejected_and_dead_lettered(
     assert envelope["reason"] == wire["error"]["message"]
     assert headers.get("x-reason") == envelope["reason"]
     assert base64.b64decode(envelope["body_base64"]) == body
+
+
+def push_item(stack: QueueStack, item: bytes | str) -> None:
+    """Put `item` on the decisions queue's Redis list as it is, as a client that speaks
+    Redis and not kombu would."""
+    client = redis.Redis.from_url(stack.broker_url)
+    try:
+        client.lpush("interlock.decisions", item)
+    finally:
+        client.close()
+
+
+def _broken_envelope(body: str) -> bytes:
+    """A kombu message as it lies on the Redis list, whose base64 body is not base64."""
+    properties = {
+        "body_encoding": "base64",
+        "delivery_tag": str(uuid.uuid4()),
+        "delivery_info": {"exchange": "", "routing_key": "interlock.decisions"},
+        "delivery_mode": 2,
+        "priority": 0,
+    }
+    envelope = {"body": body, "content-type": "application/json", "headers": {}}
+    return json.dumps({**envelope, "content-encoding": "utf-8", "properties": properties}).encode()
+
+
+@pytest.mark.parametrize(
+    ("item", "reason"),
+    [
+        (NOT_JSON, "the queue item is not JSON"),
+        (b"hello, resume consumer", "the queue item is not JSON"),
+        (b"[1, 2]", "a JSON list, not a kombu message"),
+        (_broken_envelope("!!!not base64"), "body cannot be decoded as 'base64'"),
+        (b'{"body": "x", "properties": "p"}', "no properties with a delivery_tag"),
+    ],
+    ids=["bytes", "text", "array", "bad-base64", "bad-properties"],
+)
+def test_a_queue_item_that_is_no_message_is_rejected_and_kept(
+    dash: Dashboard, stack: QueueStack, item: bytes, reason: str
+) -> None:
+    """An item a client pushed onto the Redis list itself, that kombu cannot read as a
+    message: before, it was popped and lost, and the consumer stopped. It is answered with
+    decision.rejected (decision_id null) and kept on the dead-letter queue byte for byte;
+    the consumer goes on."""
+    paused = dash.paused("Transfer $23 to raw-item")
+    dead = dead_reader(stack.broker_url)
+    try:
+        push_item(stack, item)
+        event = dash.wait(
+            lambda e: e.type == "decision.rejected" and reason in e.model_dump_json(),
+            "decision.rejected naming the item's fault",
+        )
+        envelope, _, _ = dead.wait(
+            lambda m: base64.b64decode(m["body_base64"]) == item, "the item on the dead letters"
+        )
+    finally:
+        dead.close()
+    wire = event.model_dump(mode="json")
+    assert wire["decision_id"] is None
+    assert wire["error"]["status"] == "INVALID_ARGUMENT"
+    assert envelope["reason"] == wire["error"]["message"]
+    assert stack.consumer is not None and stack.consumer.alive
+    still_answerable(dash, paused)
+
+
+def test_a_bare_decision_pushed_onto_the_list_is_read(dash: Dashboard, stack: QueueStack) -> None:
+    """A decision's JSON pushed onto the Redis list as it is, with no kombu envelope
+    (the simplest client in another language): read as the decision it is."""
+    paused = dash.paused("Transfer $24 to bare-push")
+    body = decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused))
+    push_item(stack, json.dumps(body))
+    accepted = dash.outcome(body["decision_id"])
+    assert accepted.type == "decision.accepted", accepted.model_dump_json()
+    done = dash.resumed_turn(accepted)
+    assert done.type == "turn.completed", done.model_dump_json()
 
 
 DEEP = "[" * 100_000 + "]" * 100_000

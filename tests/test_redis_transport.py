@@ -4,6 +4,7 @@ server-side script with kombu's matching rules."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -16,7 +17,7 @@ from kombu.entity import Exchange, Queue
 from kombu.transport.virtual.exchange import TopicExchange
 
 from events.publisher import Publisher
-from events.redis_transport import ROUTE, Channel, Transport, transport_for
+from events.redis_transport import ROUTE, UNREADABLE, Channel, Transport, envelope, transport_for
 from events.topology import EVENTS
 from workers.app import create_app
 from workers.runtime import Runtime
@@ -350,3 +351,60 @@ def test_other_script_errors_are_raised_and_keep_the_script(redis_url: str) -> N
         message = queue.get(no_ack=True)
         queue.delete()
     assert message is not None and message.payload == {"n": 2}
+
+
+def test_queue_items_that_are_no_message_are_delivered_and_restored(redis_url: str) -> None:
+    """Items pushed onto a queue's list by a client of its own: a bare JSON object is a
+    JSON message; anything else keeps its bytes, with what is wrong in a header. Both are
+    read by consuming (`BRPOP`) and polling (`basic_get`) alike, and a rejected one is
+    restored like any message, not lost; kombu's own messages pass as they are."""
+    name = f"test.raw.{uuid.uuid4().hex}"
+    with Connection(redis_url, transport=Transport) as conn:
+        queue = conn.SimpleQueue(name)
+        client = redis.Redis.from_url(redis_url)
+        try:
+            client.lpush(name, b'{"hello": 1}')
+            bare = queue.get(timeout=5)
+            assert (bare.content_type, bare.payload) == ("application/json", {"hello": 1})
+            assert UNREADABLE not in bare.headers
+            bare.ack()
+
+            client.lpush(name, b"\x00\xffnot json")
+            junk = queue.get(timeout=5)
+            assert junk.body == b"\x00\xffnot json"
+            assert "the queue item is not JSON" in junk.headers[UNREADABLE]
+            junk.requeue()  # back on the list, as kombu restores a message
+            polled = queue.get_nowait()
+            assert polled.body == b"\x00\xffnot json"
+            assert polled.headers[UNREADABLE] == junk.headers[UNREADABLE]
+            polled.ack()
+
+            queue.put({"kombu": True})
+            sound = queue.get(timeout=5)
+            assert sound.payload == {"kombu": True}
+            assert UNREADABLE not in sound.headers
+            sound.ack()
+            assert client.llen(name) == 0
+        finally:
+            client.close()
+            queue.queue.delete()
+            queue.close()
+
+
+def test_envelope_tells_what_is_wrong(redis_url: str) -> None:
+    properties = {"delivery_tag": "t", "body_encoding": "base64"}
+    bad_base64 = json.dumps({"body": "!!!notb64", "properties": properties}).encode()
+    with Connection(redis_url, transport=Transport) as conn:
+        channel = conn.default_channel
+        cases = {
+            b"[1]": "a JSON list, not a kombu message",
+            b'{"body": "e30=", "properties": {}}': "no properties with a delivery_tag",
+            bad_base64: "cannot be decoded as 'base64'",
+            b'{"body": "x", "headers": [1], "properties": {"delivery_tag": "t"}}': (
+                "headers are not an object"
+            ),
+        }
+        for item, wrong in cases.items():
+            made = envelope(item, "q", channel)
+            assert wrong in made["headers"][UNREADABLE], item
+            assert made["properties"]["delivery_info"] == {"exchange": "", "routing_key": "q"}

@@ -17,6 +17,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 
 from events.decision_log import DecisionRecord
 from events.publisher import declare
+from events.redis_transport import UNREADABLE
 from events.topology import DECISIONS
 from interlock import StatusError
 from schemas import (
@@ -118,7 +119,12 @@ class ResumeConsumer(ConsumerMixin):
     ) -> EventBase:
         """Process one message; returns the outcome event it published."""
         raw = body.encode() if isinstance(body, str) else bytes(body or b"")
-        parsed = parse_decision(raw, content_type)
+        wrong = headers.get(UNREADABLE)  # the broker's item was no message at all
+        parsed = (
+            ParseFailure(f"not a decision: {wrong}")
+            if isinstance(wrong, str)
+            else parse_decision(raw, content_type)
+        )
         if isinstance(parsed, ParseFailure):
             self.rt.publisher.dead_letter(raw, parsed.reason, headers)
             event: EventBase = DecisionRejected(
