@@ -249,6 +249,45 @@ def test_the_decision_log_keeps_no_resume_token(rig: Rig) -> None:
     assert [r["turn_id"] for r in rig.enqueued()] == [first["turn_id"]]
 
 
+def test_a_decision_the_checks_cannot_process_keeps_its_one_outcome(rig: Rig) -> None:
+    """A decision whose content made the checks raise is rejected with INTERNAL and that
+    is its outcome: the same decision_id sent again, even with a valid body, gets the
+    same event again, not a second evaluation; nothing was claimed."""
+    body = rig.paused(9)
+    consumer = rig.consumer()
+    consumer.unprocessable(raw(body), {}, ValueError("the checks broke"))
+    [first] = rig.published()
+    wire = first.model_dump(mode="json")
+    assert (first.type, wire["error"]["status"]) == ("decision.rejected", "INTERNAL")
+    assert "the checks broke" in wire["error"]["message"]
+    assert [row.outcome for row in rig.rows(body["decision_id"])] == ["rejected"]
+    again = consumer.handle(raw(body), "application/json", {})
+    assert again.event_id == first.event_id
+    assert [e.event_id for e in rig.published()] == [first.event_id]
+    assert rig.claimed_by(body["snapshot_id"]) is None
+    assert rig.enqueued() == []
+
+
+def test_answers_nested_too_deeply_to_send_on_are_invalid_argument(rig: Rig) -> None:
+    """Resume data nested past what the turn's JSON can carry: refused for its parts
+    (INVALID_ARGUMENT, recorded with its snapshot), not an error of the consumer; the
+    pause is then answered."""
+    body = rig.paused(10)
+    deep: Any = 1
+    for _ in range(500):
+        deep = [deep]
+    nested = {**body, "decision_id": str(uuid.uuid4())}
+    nested["restart"] = [{**body["restart"][0], "resumed": {"approved": True, "deep": deep}}]
+    consumer = rig.consumer()
+    event = consumer.handle(raw(nested), "application/json", {})
+    wire = event.model_dump(mode="json")
+    assert (event.type, wire["error"]["status"]) == ("decision.rejected", "INVALID_ARGUMENT")
+    assert "cannot be sent on as JSON" in wire["error"]["message"], wire
+    assert event.snapshot_id == body["snapshot_id"]
+    assert [row.outcome for row in rig.rows(nested["decision_id"])] == ["rejected"]
+    assert consumer.handle(raw(body), "application/json", {}).type == "decision.accepted"
+
+
 def test_claim_lost_to_another_decision_is_rejected_and_recorded(rig: Rig) -> None:
     """Two decisions for one snapshot: the second fails the claim (rule 6). It is
     recorded as rejected, in a transaction of its own, and the first keeps the claim."""

@@ -104,15 +104,23 @@ class ResumeConsumer(ConsumerMixin):
         self.handled += 1
 
     def unprocessable(self, body: bytes | str, headers: dict[str, Any], exc: Exception) -> None:
-        """Dead-letter a message that raised, and reject it (INTERNAL) without the store."""
+        """Dead-letter a message that raised, and reject it (INTERNAL), recorded as its
+        decision's outcome where it names one."""
         raw = body.encode() if isinstance(body, str) else bytes(body or b"")
         reason = f"decision could not be processed: {type(exc).__name__}: {exc}"[:2000]
         self.rt.publisher.dead_letter(raw, reason, headers)
         parsed = parse_decision(raw, "application/json")
         ids = _ids(parsed) if isinstance(parsed, Decision) else {}
-        self.rt.publisher.publish_event(
-            DecisionRejected(**ids, error=ErrorInfo(status=Status.INTERNAL, message=reason))
-        )
+        event = DecisionRejected(**ids, error=ErrorInfo(status=Status.INTERNAL, message=reason))
+        if isinstance(parsed, Decision):  # its one outcome: a repeat gets it again
+            try:
+                self._record_and_publish(parsed.decision_id, raw, event, parsed.reviewer, None)
+                return
+            except _CONTENT_ERRORS:  # the log cannot keep it either: announced unrecorded
+                log.exception(
+                    "the outcome of decision %s could not be recorded", parsed.decision_id
+                )
+        self.rt.publisher.publish_event(event)
 
     def handle(
         self, body: bytes | str, content_type: str | None, headers: dict[str, Any]

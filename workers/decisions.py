@@ -182,10 +182,16 @@ def resume_turn_id(decision_id: str) -> str:
 
 
 def _request(decision: Decision, snapshot: Snapshot, resume: ToolResume) -> TurnRequest:
+    try:
+        carried = AgentInput(resume=resume).to_json()
+    except ValueError as exc:  # pydantic's serializer: answers nested past its depth
+        raise StatusError(
+            Status.INVALID_ARGUMENT, f"the decision's answers cannot be sent on as JSON: {exc}"
+        ) from exc
     return TurnRequest(
         turn_id=resume_turn_id(decision.decision_id),
         agent=snapshot.agent,
-        input=AgentInput(resume=resume).to_json(),
+        input=carried,
         snapshot_id=snapshot.snapshot_id,
         claimed_by=decision.decision_id,
         decision_id=decision.decision_id,
