@@ -108,6 +108,22 @@ def test_a_refusal_ends_the_turn_for_the_journal(rt: Runtime) -> None:
     assert _failed_events(rt, request.turn_id) == 1
 
 
+@pytest.mark.parametrize("session_id", [None, "s-named"])
+def test_a_turn_refused_for_an_unknown_snapshot_names_no_last_snapshot(
+    rt: Runtime, session_id: str | None
+) -> None:
+    """turn.failed's last_snapshot_id is the snapshot the session continues from: an
+    unknown snapshot the request named is none, whether or not it named a session."""
+    said = AgentInput(message=Message(role="user", content=[Part(text="hi")]))
+    request = new_turn_request(
+        "bankingAgent", said, session_id=session_id, snapshot_id="no-such-snapshot"
+    )
+    assert run_turn(rt, request.model_dump(mode="json"))["error"]["status"] == "NOT_FOUND"
+    [failed] = [b for b in _failed_bodies(rt) if b["turn_id"] == request.turn_id]
+    assert failed["last_snapshot_id"] is None, failed
+    assert failed["session_id"] == session_id
+
+
 def _failed_bodies(rt: Runtime) -> list[dict[str, Any]]:
     with rt.store.engine.connect() as conn:
         rows = conn.execute(

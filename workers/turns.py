@@ -262,12 +262,15 @@ def _renewals(rt: Runtime) -> None:
 
 def _where_it_stands(rt: Runtime, request: TurnRequest) -> tuple[str | None, str | None]:
     """The session of a refused turn and its last good snapshot (the one it continues
-    from), when the request named only one of them."""
+    from): the snapshot it named if that exists (none if not), else its session's
+    latest completed one."""
     session_id, snapshot_id = request.session_id, request.snapshot_id
-    if snapshot_id is not None and session_id is None:
+    if snapshot_id is not None:  # named: it is where the session stands, if it exists
         found = rt.store.get_snapshot(snapshot_id)
-        session_id = found.session_id if found is not None else None
-    elif snapshot_id is None and session_id is not None:
+        if found is None:
+            return session_id, None
+        return session_id or found.session_id, snapshot_id
+    if session_id is not None:
         latest = rt.store.list_snapshots(
             session_id=session_id, status=SnapshotStatus.COMPLETED, limit=1
         )
