@@ -1071,15 +1071,11 @@ def hostile(draw: st.DrawFn, targets: list[Paused]) -> Fuzzed:
     return Fuzzed(encode(body), content_type, body)
 
 
-JSON_TYPES = {"", "application/json", "text/json", "text/plain", "application/octet-stream"}
-
-
 def readable_id(message: Fuzzed) -> str | None:
     """The decision id an outcome must carry (docs/queues.md, the first check): the
-    message's own when it is JSON within the size limit and names a usable id, else
-    null."""
-    kind = message.content_type.split(";")[0].strip().lower()
-    if kind not in JSON_TYPES or len(message.body) > MAX_DECISION_BYTES:
+    message's own when it is JSON within the size limit and names a usable id (whatever
+    its content type), else null."""
+    if len(message.body) > MAX_DECISION_BYTES:
         return None
     try:
         data = json.loads(message.body.decode("utf-8"))

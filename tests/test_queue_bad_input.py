@@ -288,6 +288,22 @@ def test_unreadable_body_is_rejected_and_dead_lettered(
     assert base64.b64decode(envelope["body_base64"]) == body
 
 
+def test_a_decision_of_the_wrong_content_type_is_rejected_under_its_id(
+    dash: Dashboard, stack: QueueStack
+) -> None:
+    """A decision sent as application/xml is refused, but its id could be read: the
+    rejection carries it, so the sender can tell which of its decisions it answers."""
+    paused = dash.paused("Transfer $25 to xml")
+    body = decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused))
+    dash.publish_raw(json.dumps(body).encode(), "application/xml")
+    event = dash.outcome(body["decision_id"])
+    wire = event.model_dump(mode="json")
+    assert event.type == "decision.rejected", wire
+    assert wire["error"]["status"] == "INVALID_ARGUMENT"
+    assert "content type 'application/xml' is not accepted" in wire["error"]["message"]
+    still_answerable(dash, paused)
+
+
 def push_item(stack: QueueStack, item: bytes | str) -> None:
     """Put `item` on the decisions queue's Redis list as it is, as a client that speaks
     Redis and not kombu would."""

@@ -50,29 +50,23 @@ class ParseFailure:
 
 
 def parse_decision(body: bytes | str, content_type: str | None) -> Decision | ParseFailure:
-    """Rule 1: a JSON object, at most 1 MiB, a known schema_version, valid."""
+    """Rule 1: a JSON object, at most 1 MiB, a known schema_version, valid. A failure
+    carries the decision_id where one can be read, so its sender can match the outcome."""
     raw = body.encode() if isinstance(body, str) else bytes(body or b"")
     if len(raw) > MAX_DECISION_BYTES:
         return ParseFailure(f"decision is {len(raw)} bytes; the limit is {MAX_DECISION_BYTES}")
+    data = _read_json(raw)
     kind = (content_type or "").split(";")[0].strip().lower()
     if kind not in _JSON_TYPES:
-        return ParseFailure(f"content type {content_type!r} is not accepted: send JSON")
-    try:
-        # A leading byte order mark is ignored (RFC 8259 lets a reader do so); NaN and
-        # Infinity, which Python's reader would take, are no JSON.
-        data = json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
-        return ParseFailure(f"decision is not JSON: {exc}")
-    except RecursionError:  # "[[[[...": a poison message, not a reason to retry
-        return ParseFailure("decision is not JSON that can be read: it is nested too deeply")
+        return ParseFailure(
+            f"content type {content_type!r} is not accepted: send JSON",
+            None if isinstance(data, ParseFailure) else _readable_id(data),
+        )
+    if isinstance(data, ParseFailure):
+        return data
     if not isinstance(data, dict):
         return ParseFailure(f"decision must be a JSON object, not {type(data).__name__}")
-    found = data.get("decision_id")
-    decision_id = (
-        found
-        if isinstance(found, str) and 0 < len(found) <= 200 and unstorable(found) is None
-        else None
-    )
+    decision_id = _readable_id(data)
     version = data.get("schema_version")
     if isinstance(version, bool) or version != 1:  # true == 1 in Python, not in JSON
         return ParseFailure(
@@ -86,6 +80,26 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
         return Decision.model_validate(data)
     except ValidationError as exc:
         return ParseFailure(f"decision does not match the schema: {brief(exc)}", decision_id)
+
+
+def _read_json(raw: bytes) -> Any:
+    """The JSON value of `raw`, or the ParseFailure saying why it is none."""
+    try:
+        # A leading byte order mark is ignored (RFC 8259 lets a reader do so); NaN and
+        # Infinity, which Python's reader would take, are no JSON.
+        return json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return ParseFailure(f"decision is not JSON: {exc}")
+    except RecursionError:  # "[[[[...": a poison message, not a reason to retry
+        return ParseFailure("decision is not JSON that can be read: it is nested too deeply")
+
+
+def _readable_id(data: Any) -> str | None:
+    """The decision_id of a JSON value, where it is one a decision could have."""
+    found = data.get("decision_id") if isinstance(data, dict) else None
+    if isinstance(found, str) and 0 < len(found) <= 200 and unstorable(found) is None:
+        return found
+    return None
 
 
 def _no_constant(name: str) -> Any:
