@@ -84,3 +84,22 @@ def test_decide_wait_keeps_a_turn_event_that_comes_first(redis_url: str) -> None
         assert waiter.turn_event(turn_id).event_id == done.event_id
     finally:
         waiter.close()
+
+
+def test_every_command_and_option_says_what_it_is_for() -> None:
+    """`--help` of each command describes the command and every option it takes."""
+    import click
+
+    from workers.cli import main
+
+    assert isinstance(main, click.Group)
+    bare: list[str] = []
+    for name, command in main.commands.items():
+        if not (command.help or "").strip():
+            bare.append(name)
+        for param in command.params:
+            if isinstance(param, click.Option) and not (param.help or "").strip():
+                bare.append(f"{name} {param.opts[0]}")
+    assert bare == [], f"commands and options with no help text: {bare}"
+    result = run_cli("pending", "--help", timeout=60)
+    assert result.returncode == 0 and "At most this many" in result.stdout, result.describe()

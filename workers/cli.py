@@ -208,7 +208,13 @@ def main() -> None:
     type=click.Choice(["prefork", "solo", "threads"]),
     help="Celery pool.",
 )
-@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option(
+    "--loglevel",
+    "-l",
+    default="INFO",
+    show_default=True,
+    help="Log level of the worker and its turns (DEBUG, INFO, WARNING, ERROR).",
+)
 @clear_errors
 def worker(
     app: str | None,
@@ -358,7 +364,9 @@ def submit(
 @main.command()
 @store_option
 @click.option("--session", "session_id", help="Only this session.")
-@click.option("--limit", default=100, show_default=True)
+@click.option(
+    "--limit", default=100, show_default=True, type=click.IntRange(min=1), help="At most this many."
+)
 @clear_errors
 def pending(store: str | None, session_id: str | None, limit: int) -> None:
     """List the open interrupts, one JSON line each (newest first)."""
