@@ -239,7 +239,8 @@ def _unsound(payload: Any, channel: Any) -> str | None:
     if not isinstance(payload, dict):
         return f"the queue item is a JSON {type(payload).__name__}, not a kombu message"
     properties = payload.get("properties")
-    if not isinstance(properties, dict) or not isinstance(properties.get("delivery_tag"), str):
+    tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
+    if not isinstance(properties, dict) or isinstance(tag, bool) or not isinstance(tag, str | int):
         return "the kombu message has no properties with a delivery_tag"
     if not isinstance(payload.get("headers") or {}, dict):
         return "the kombu message's headers are not an object"
