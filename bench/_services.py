@@ -15,10 +15,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 __all__ = [
     "Process",
@@ -149,6 +152,11 @@ class Processes:
     def __init__(self) -> None:
         self.started: list[Process] = []
         self.cleanups: list[Callable[[], None]] = []
+        # A SIGTERM (a CI job's time-out, `kill`) ends the run the way Ctrl-C does:
+        # through the callers' clean-up, which stops every process, instead of leaving
+        # redis-server and the workers running.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _terminated)
 
     def start(self, *args: object, **kwargs: object) -> Process:
         process = Process(*args, **kwargs)  # type: ignore[arg-type]
@@ -156,9 +164,10 @@ class Processes:
         return process
 
     def stop_all(self) -> None:
-        """Stop every process and run the clean-ups; a Ctrl-C meanwhile is ignored so
-        that nothing is left running."""
+        """Stop every process and run the clean-ups; a Ctrl-C or a SIGTERM meanwhile is
+        ignored so that nothing is left running."""
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             while self.started:
                 process = self.started.pop()
@@ -170,6 +179,11 @@ class Processes:
                     cleanup()
         finally:
             signal.signal(signal.SIGINT, previous)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _terminated(signum: int, frame: FrameType | None) -> NoReturn:
+    raise SystemExit(128 + signum)
 
 
 def _redis_ping(port: int) -> bool:
