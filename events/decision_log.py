@@ -9,7 +9,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Column, DateTime, Index, MetaData, Table, Text, bindparam, insert, select
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Index,
+    MetaData,
+    Table,
+    Text,
+    bindparam,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -54,6 +65,14 @@ class DecisionRecord:
 
 _GET = select(decision_table).where(decision_table.c.decision_id == bindparam("p_id"))
 _INSERT = insert(decision_table)
+_WITH_TOKEN = select(decision_table.c.decision_id, decision_table.c.body).where(
+    decision_table.c.body.contains('"resume_token"')
+)
+_SET_BODY = (
+    update(decision_table)
+    .where(decision_table.c.decision_id == bindparam("p_id"))
+    .values(body=bindparam("p_body"))
+)
 
 
 class DecisionLog:
@@ -116,6 +135,20 @@ class DecisionLog:
         except IntegrityError:
             return self.get(decision_id)
         return None
+
+    def erase_tokens(self) -> int:
+        """Take the `resume_token` out of bodies kept before the log dropped it (rows
+        written by an older release); returns how many rows changed. Idempotent."""
+        with self._writer.begin() as conn:
+            rows = conn.execute(_WITH_TOKEN).all()
+            changed = [
+                {"p_id": decision_id, "p_body": kept}
+                for decision_id, body in rows
+                if (kept := without_token(body)) != body
+            ]
+            if changed:
+                conn.execute(_SET_BODY, changed)
+        return len(changed)
 
     def for_session(self, session_id: str) -> list[DecisionRecord]:
         with self.engine.connect() as conn:

@@ -103,3 +103,44 @@ def test_every_command_and_option_says_what_it_is_for() -> None:
     assert bare == [], f"commands and options with no help text: {bare}"
     result = run_cli("pending", "--help", timeout=60)
     assert result.returncode == 0 and "At most this many" in result.stdout, result.describe()
+
+
+def test_migrate_erases_tokens_an_older_release_kept(tmp_path: Path, pg_url: str) -> None:
+    """Decision-log rows written before the log dropped the resume token still hold it:
+    `migrate` takes it out (what the reviewer answered stays) and says how many."""
+    import json
+
+    from sqlalchemy import insert, select
+
+    from events.decision_log import decision_table
+    from schemas import utcnow
+
+    token = "tok-" + "x" * 28
+    body = {"decision_id": "d-old", "resume_token": token, "reviewer": "alice", "restart": []}
+    for url in (f"sqlite:///{tmp_path}/t.db", pg_url):
+        assert run_cli("migrate", "--store", url, timeout=60).returncode == 0
+        engine = create_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    insert(decision_table).values(
+                        decision_id="d-old",
+                        outcome="accepted",
+                        status="OK",
+                        body=json.dumps(body),
+                        event_type="decision.accepted",
+                        event_body="{}",
+                        received_at=utcnow(),
+                    )
+                )
+            result = run_cli("migrate", "--store", url, timeout=60)
+            assert result.returncode == 0, result.describe()
+            assert result.json_lines()[0]["tokens_erased"] == 1
+            with engine.connect() as conn:
+                [kept] = conn.execute(select(decision_table.c.body)).scalars().all()
+            assert token not in kept
+            assert json.loads(kept) == {k: v for k, v in body.items() if k != "resume_token"}
+            again = run_cli("migrate", "--store", url, timeout=60)
+            assert again.json_lines()[0]["tokens_erased"] == 0
+        finally:
+            engine.dispose()

@@ -619,7 +619,8 @@ def demo(
 @clear_errors
 def migrate(store: str | None) -> None:
     """Create the store's tables if missing: snapshots, messages, outbox, decisions, turn
-    journal and turn leases."""
+    journal and turn leases; erase resume tokens that an older release kept in the
+    decision log."""
     from events.decision_log import DecisionLog
     from events.outbox import Outbox
     from interlock import SqlSessionStore
@@ -629,7 +630,7 @@ def migrate(store: str | None) -> None:
     sql = SqlSessionStore(settings.store_url)
     try:
         Outbox(sql).close()
-        DecisionLog(sql)
+        erased = DecisionLog(sql).erase_tokens()
         SqlTurnJournal(sql)
         from sqlalchemy import inspect
 
@@ -638,7 +639,7 @@ def migrate(store: str | None) -> None:
         )
     finally:
         sql.dispose()
-    emit({"store": redact(settings.store_url), "tables": tables})
+    emit({"store": redact(settings.store_url), "tables": tables, "tokens_erased": erased})
 
 
 @main.command()
