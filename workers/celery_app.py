@@ -8,8 +8,10 @@ from typing import Any
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
 
 from events.publisher import declare
+from events.topology import TURNS
 
 from .app import create_app, runtime_of
+from .burst import WorkerBurst, burst_idle
 from .settings import Settings
 
 app = create_app(Settings.from_env())
@@ -26,6 +28,14 @@ def _declare_topology(**_: Any) -> None:
     log.info("declared Interlock's exchanges and queues")
 
 
+def _start_burst(**_: Any) -> None:
+    """In burst mode (`interlock worker --burst`), stop once `interlock.turns` is drained."""
+    idle = burst_idle()
+    if idle is not None:
+        WorkerBurst(runtime_of(app).connection(), TURNS, idle).start()
+        log.info("burst mode: stopping once %s has been drained for %.1f s", TURNS, idle)
+
+
 def _close_runtime(**_: Any) -> None:
     """A stopping worker process marks the events it published sent (and lets go of
     its connections): else the sweeps of others would publish them again."""
@@ -37,3 +47,4 @@ def _close_runtime(**_: Any) -> None:
 worker_process_shutdown.connect(_close_runtime, weak=False)
 worker_shutdown.connect(_close_runtime, weak=False)
 worker_ready.connect(_declare_topology, weak=False)
+worker_ready.connect(_start_burst, weak=False)

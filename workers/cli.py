@@ -110,6 +110,16 @@ wait_option = click.option(
 timeout_option = click.option(
     "--timeout", default=60.0, show_default=True, help="Seconds to wait for each event."
 )
+burst_option = click.option(
+    "--burst", is_flag=True, help="Serve what is queued, then exit once there is nothing to do."
+)
+idle_option = click.option(
+    "--idle",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="With --burst: seconds with nothing to do before exiting.",
+)
 
 
 class _Waiter:
@@ -215,6 +225,8 @@ def main() -> None:
     show_default=True,
     help="Log level of the worker and its turns (DEBUG, INFO, WARNING, ERROR).",
 )
+@burst_option
+@idle_option
 @clear_errors
 def worker(
     app: str | None,
@@ -223,8 +235,14 @@ def worker(
     concurrency: int,
     pool: str,
     loglevel: str,
+    burst: bool,
+    idle: float,
 ) -> None:
-    """Run a Celery worker for `interlock.run_turn` (a real `celery worker` process)."""
+    """Run a Celery worker for `interlock.run_turn` (a real `celery worker` process).
+
+    With --burst it runs the turns queued, then exits once `interlock.turns` has been
+    empty (and the worker idle) for --idle seconds: for tests and batch jobs."""
+    from .burst import BURST_ENV
     from .loader import load_registry
 
     settings = settings_of(app, broker, store)
@@ -237,6 +255,7 @@ def worker(
             "store": redact(settings.store_url),
             "concurrency": concurrency,
             "pool": pool,
+            "burst": burst,
         }
     )
     sys.stdout.flush()
@@ -260,7 +279,11 @@ def worker(
         "--without-gossip",
         "--without-mingle",
     ]
-    os.execve(sys.executable, argv, {**os.environ, **settings.to_env()})
+    env = {**os.environ, **settings.to_env()}
+    env.pop(BURST_ENV, None)
+    if burst:
+        env[BURST_ENV] = str(idle)
+    os.execve(sys.executable, argv, env)
 
 
 @main.command("resume-consumer")
@@ -272,14 +295,25 @@ def worker(
     envvar="INTERLOCK_HEARTBEAT_FILE",
     help="File touched while the consumer serves (for health checks).",
 )
+@burst_option
+@idle_option
 @clear_errors
 def resume_consumer(
-    app: str | None, broker: str | None, store: str | None, heartbeat_file: str | None
+    app: str | None,
+    broker: str | None,
+    store: str | None,
+    heartbeat_file: str | None,
+    burst: bool,
+    idle: float,
 ) -> None:
-    """Run the resume consumer: decisions in, resumed turns out."""
+    """Run the resume consumer: decisions in, resumed turns out.
+
+    With --burst it handles the decisions queued, then exits once none has come for
+    --idle seconds, printing how many it handled."""
     import logging
 
     from .app import create_app
+    from .burst import drain
     from .consumer import ResumeConsumer
     from .maintenance import Maintenance
 
@@ -300,11 +334,16 @@ def resume_consumer(
             "app": settings.app,
             "broker": redact(settings.broker_url),
             "store": redact(settings.store_url),
+            "burst": burst,
         }
     )
     sys.stdout.flush()
     try:
-        consumer.run()
+        if burst:
+            drain(consumer, idle)
+            emit({"resume_consumer": "drained", "handled": consumer.handled})
+        else:
+            consumer.run()
     finally:
         maintenance.stop()
         rt.close()

@@ -1,0 +1,121 @@
+"""Burst mode, as a batch job or a test runs it: `interlock worker --burst` runs the turns
+queued and exits; `interlock resume-consumer --burst` handles the decisions queued and
+exits, saying how many. Real redis-server, real `celery worker` processes, a SQLite
+store."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kombu.connection import Connection
+from kombu.messaging import Producer
+from queue_helpers import decision, run_cli
+from services import start_redis
+
+from events.publisher import declare
+from events.topology import event_queue
+from interlock import FinishReason, SqlSessionStore
+
+APP = "examples.banking:ai"
+
+
+class Batch:
+    """A private broker and store, and a queue of the test's own bound to every turn
+    event before anything runs."""
+
+    def __init__(self, directory: Path) -> None:
+        self.server = start_redis(directory / "redis")
+        self.store_url = f"sqlite:///{directory / 'store.db'}"
+        self.flags = ["--app", APP, "--broker", self.server.url, "--store", self.store_url]
+        self.conn = Connection(self.server.url)
+        declare(self.conn)
+        self.events = self.conn.SimpleQueue(event_queue(f"test.burst.{uuid.uuid4()}", "turn.#"))
+
+    def read_events(self, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while len(found) < count and time.monotonic() < deadline:
+            try:
+                message = self.events.get(timeout=1)
+            except self.events.Empty:
+                continue
+            message.ack()
+            found.append(json.loads(message.body))
+        return found
+
+    def waiting(self) -> int:
+        with self.conn.channel() as channel:
+            return int(channel.client.llen("interlock.turns"))
+
+    def close(self) -> None:
+        self.events.close()
+        self.conn.release()
+        self.server.stop()
+
+
+@pytest.fixture
+def batch(tmp_path: Path) -> Iterator[Batch]:
+    made = Batch(tmp_path)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_burst_worker_and_consumer_serve_what_is_queued_then_exit(batch: Batch) -> None:
+    for amount in (5, 6):
+        sent = run_cli(
+            "submit",
+            *batch.flags,
+            "--agent",
+            "bankingAgent",
+            "--text",
+            f"Transfer ${amount} to savings",
+        )
+        assert sent.returncode == 0, sent.describe()
+    assert batch.waiting() == 2, "queued before any worker runs"
+
+    first = run_cli("worker", "--burst", "--pool", "solo", *batch.flags, timeout=120)
+    assert first.returncode == 0, first.describe()
+    assert batch.waiting() == 0
+    paused = batch.read_events(2)
+    assert [e["type"] for e in paused] == ["turn.interrupted"] * 2, paused
+    store = SqlSessionStore(batch.store_url)
+    try:
+        waiting = store.list_snapshots(finish_reason=FinishReason.INTERRUPTED, claimed=False)
+        assert len(waiting) == 2
+
+        producer = Producer(batch.conn)
+        for event in paused:
+            restart = [
+                {"name": i["name"], "ref": i["ref"], "resumed": {"approved": True}}
+                for i in event["interrupts"]
+            ]
+            body = decision(event["snapshot_id"], event["resume_token"], restart=restart)
+            producer.publish(
+                json.dumps(body),
+                exchange="",
+                routing_key="interlock.decisions",
+                content_type="application/json",
+            )
+        consumer = run_cli("resume-consumer", "--burst", *batch.flags, timeout=120)
+        assert consumer.returncode == 0, consumer.describe()
+        assert consumer.json_lines()[-1] == {"resume_consumer": "drained", "handled": 2}
+        assert batch.waiting() == 2, "the two resumes, for a worker to run"
+
+        second = run_cli(
+            "worker", "--burst", "--pool", "prefork", "-c", "1", *batch.flags, timeout=120
+        )
+        assert second.returncode == 0, second.describe()
+        assert batch.waiting() == 0
+        done = batch.read_events(2)
+        assert [e["type"] for e in done] == ["turn.completed"] * 2, done
+        assert {e["session_id"] for e in done} == {e["session_id"] for e in paused}
+    finally:
+        store.dispose()

@@ -1,0 +1,108 @@
+"""Burst mode (arq's `burst=True`): a worker or a resume consumer that serves what is
+queued, then stops once it has had nothing to do for a while. For tests that need a
+deterministic end, and for batch jobs that drain a queue and exit."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from amqp.exceptions import ChannelError
+from celery.worker import state
+from kombu.connection import Connection
+from kombu.mixins import ConsumerMixin
+
+__all__ = ["BURST_ENV", "WorkerBurst", "burst_idle", "drain", "queue_depth"]
+
+BURST_ENV = "INTERLOCK_WORKER_BURST"
+"""Set (to the idle seconds) for a `celery worker` that runs in burst mode."""
+
+CHECK_EVERY = 0.2
+"""Seconds between two looks at the queue and the worker's tasks."""
+
+log = logging.getLogger("interlock.worker")
+
+
+def burst_idle() -> float | None:
+    """The idle seconds of a worker in burst mode (`BURST_ENV`), or None."""
+    value = os.environ.get(BURST_ENV)
+    return float(value) if value else None
+
+
+def queue_depth(channel: Any, queue: str) -> int:
+    """How many messages wait in `queue` (not counting those delivered and unacked)."""
+    declared: Any = channel.queue_declare(queue=queue, passive=True)
+    return int(declared.message_count)
+
+
+class WorkerBurst:
+    """Stops this worker (a warm shutdown: running turns finish) once `queue` has been
+    empty, and the worker has held no task (running, prefetched, or waiting for its
+    retry's countdown), for `idle` seconds in a row."""
+
+    def __init__(self, connection: Connection, queue: str, idle: float) -> None:
+        self.connection = connection
+        self.queue = queue
+        self.idle = idle
+        self._channel: Any = None
+        self._thread = threading.Thread(target=self._watch, name="interlock-burst", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def busy(self) -> bool:
+        return bool(state.active_requests or state.reserved_requests) or self._waiting() > 0
+
+    def _waiting(self) -> int:
+        if self._channel is None:
+            self._channel = self.connection.channel()
+        try:
+            return queue_depth(self._channel, self.queue)
+        except ChannelError as exc:
+            if str(exc.reply_code) != "404":
+                raise
+            self._drop_channel()  # AMQP closes a channel whose passive declare failed
+            return 0  # Redis keeps no empty list: no trace of the queue is an empty one
+
+    def _drop_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                channel.close()
+
+    def _watch(self) -> None:
+        quiet_since: float | None = None
+        while True:
+            time.sleep(CHECK_EVERY)
+            try:
+                busy = self.busy()
+            except Exception:  # the broker, for a moment: look again on a new channel
+                log.exception("burst: could not look at %s", self.queue)
+                self._drop_channel()
+                busy = True
+            now = time.monotonic()
+            if busy:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            elif now - quiet_since >= self.idle:
+                log.info("burst: %s is drained; stopping", self.queue)
+                self._drop_channel()
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+
+def drain(consumer: ConsumerMixin, idle: float) -> None:
+    """Serve `consumer` (the resume consumer) until no message has come for `idle`
+    seconds, or a stop was asked for."""
+    try:
+        for _ in consumer.consume(timeout=idle, safety_interval=min(1.0, idle)):
+            if consumer.should_stop:
+                return
+    except TimeoutError:  # kombu's consume: `idle` seconds with nothing to read
+        return
