@@ -134,6 +134,67 @@ def test_a_stopped_holder_delays_writers_but_does_not_hang_them(
     assert lock_is_free(db)
 
 
+class _CountingFcntl:
+    """`fcntl` as the store sees it, counting the locks it tries without waiting."""
+
+    LOCK_EX, LOCK_NB, LOCK_UN = fcntl.LOCK_EX, fcntl.LOCK_NB, fcntl.LOCK_UN
+
+    def __init__(self) -> None:
+        self.tries = 0
+
+    def flock(self, fd: int, operation: int) -> None:
+        if operation & fcntl.LOCK_NB:
+            self.tries += 1
+        fcntl.flock(fd, operation)
+
+
+def test_a_writer_waits_for_a_held_lock_without_polling(
+    store: SqlSessionStore, db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held by another process, the lock is waited for in one blocking call, which
+    returns as the holder lets go: not by trying again and sleeping in between."""
+    store.save_snapshot(snapshot("s", 0, None))  # the lock's file is open here
+    counting = _CountingFcntl()
+    monkeypatch.setattr(interlock.stores.sql, "fcntl", counting)
+    fd = os.open(f"{db}.writelock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: as another process would
+    writer = threading.Thread(target=store.save_snapshot, args=(snapshot("s", 1, "s-0"),))
+    try:
+        writer.start()
+        eventually(lambda: counting.tries >= 1, "the writer tried the lock", WAIT)
+        writer.join(0.3)  # meanwhile a polling writer would try again every few ms
+        assert writer.is_alive(), "the writer waits while the lock is held"
+    finally:
+        os.close(fd)  # lets go of the lock
+    writer.join(WAIT)
+    assert not writer.is_alive()
+    assert counting.tries == 1
+    assert store.get_snapshot("s-1") is not None
+    assert lock_is_free(db)
+
+
+def test_a_lock_got_after_the_writer_gave_up_is_let_go(
+    store: SqlSessionStore, db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait ends at the lock timeout; when the holder lets go later, the lock the
+    helper then takes is released, not kept from every other writer."""
+    monkeypatch.setattr(interlock.stores.sql, "_LOCK_TIMEOUT", 0.2)
+    fd = os.open(f"{db}.writelock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert finishes(lambda: store.save_snapshot(snapshot("s", 0, None)))
+    finally:
+        os.close(fd)
+    eventually(lambda: lock_is_free(db), "the late lock let go", WAIT)
+    other = os.open(f"{db}.writelock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)  # free for another process: taken at once
+    finally:
+        os.close(other)
+    assert finishes(lambda: store.save_snapshot(snapshot("s", 1, "s-0")))
+    assert store.get_latest_snapshot("s") is not None
+
+
 def test_a_failed_commit_releases_the_lock(store: SqlSessionStore, db: Path) -> None:
     child = checked_at_commit(store)
 

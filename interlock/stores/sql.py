@@ -32,7 +32,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from functools import cache
+from functools import cache, partial
 from typing import Any, ClassVar
 
 from pydantic import TypeAdapter
@@ -465,7 +465,8 @@ class _WriteLock:
 
     Without it, a writer that finds the database locked sleeps in SQLite's busy handler,
     polling with sleeps of up to 100 ms, while the holder may be done in one; a writer
-    waiting on the flock wakes as soon as it is released. The lock is taken when a write
+    waiting on the flock wakes as soon as it is released (a blocking `flock`, made by a
+    helper thread so that the wait can end at a deadline). The lock is taken when a write
     transaction begins, and released when its connection goes back to the pool (right
     after its COMMIT or ROLLBACK), begins a read, is invalidated or closed: never later
     than SQLite's own lock. A thread that cannot get the lock within the busy timeout
@@ -483,6 +484,7 @@ class _WriteLock:
         self._threads = threading.Lock()
         self._holder: Any = None  # the DBAPI connection whose transaction holds the lock
         self._unusable = False  # the file cannot be opened or locked: SQLite alone orders
+        self._waiter: _FlockWaiter | None = None  # started at the first contended lock
 
     def __del__(self) -> None:
         if self._fd >= 0:
@@ -528,17 +530,16 @@ class _WriteLock:
     def _flock(self, deadline: float) -> bool:
         """Lock the file, waiting until `deadline` at most (a holder that is stopped,
         not dead, must not hang every writer: past the deadline SQLite's busy timeout
-        decides). Polls every 0.5 to 5 ms: still far finer than SQLite's busy handler."""
-        delay = 0.0005
-        while True:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(delay)
-                delay = min(delay * 2, 0.005)
+        decides). Free, it is taken at once; held, a helper thread waits for it in a
+        blocking `flock`, so this writer goes on the moment the holder lets go."""
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        if self._waiter is None:
+            self._waiter = _FlockWaiter(self._fd)
+        return self._waiter.wait(deadline - time.monotonic())
 
     def release(self, holder: Any) -> None:
         if holder is None or self._holder is not holder:
@@ -577,6 +578,78 @@ class _WriteLock:
             lock._fd = -1
             lock._threads = threading.Lock()
             lock._holder = None
+            if lock._waiter is not None:
+                lock._waiter.forget()
+            lock._waiter = None  # its thread is the parent's
+
+
+class _FlockWaiter:
+    """A daemon thread that takes a contended flock with a blocking call, for the one
+    thread of the process that waits for it (`_WriteLock` lets one in at a time).
+
+    The waiting thread gives up at its deadline; a lock the helper gets after that is
+    let go at once, unless a later waiter is waiting for it by then. The helper locks
+    through a duplicate of the lock's descriptor (the same open file, so the same
+    flock): whichever thread took it, the waiter holds it and releases it as usual. The
+    thread ends after `_WAITER_IDLE` seconds with no request, and starts again at the
+    next one."""
+
+    def __init__(self, fd: int) -> None:
+        self._lock_fd = fd
+        self._fd = -1  # the helper's duplicate, while its thread runs
+        self._cv = threading.Condition()
+        self._requested = 0  # the number of the latest request
+        self._waiting = 0  # the request whose thread waits now (0: none)
+        self._granted = 0  # the request the lock was taken for
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the lock was taken for this caller within `timeout` seconds."""
+        with self._cv:
+            if self._fd < 0:
+                self._fd = os.dup(self._lock_fd)
+                name = "interlock-writelock"
+                threading.Thread(target=self._run, args=(self._fd,), name=name, daemon=True).start()
+            self._requested += 1
+            ticket = self._waiting = self._requested
+            self._cv.notify_all()
+            if self._cv.wait_for(lambda: self._granted == ticket, max(timeout, 0.0)):
+                return True
+            self._waiting = 0  # gone on without it: the helper lets go of a late lock
+            return False
+
+    def _run(self, fd: int) -> None:
+        served = 0
+        while True:
+            with self._cv:
+                if not self._cv.wait_for(partial(_newer, self, served), _WAITER_IDLE):
+                    if self._fd == fd:
+                        self._fd = -1
+                    os.close(fd)
+                    return
+                served = self._requested
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with self._cv:
+                if self._waiting:
+                    self._granted = self._waiting
+                    served = self._requested  # asked for while it waited: answered too
+                    self._cv.notify_all()
+                else:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def forget(self) -> None:
+        """In a forked child: close the parent's helper's descriptor (kept open, it
+        would keep a lock the parent dies holding), without touching its thread."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _newer(waiter: _FlockWaiter, served: int) -> bool:
+    return waiter._requested > served
+
+
+_WAITER_IDLE = 10.0
+"""Seconds a write lock's helper thread waits for a request before it ends."""
 
 
 if hasattr(os, "register_at_fork"):
