@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from interlock import SqlSessionStore
+from interlock.stores.fast import FastStatement
 from schemas import EventBase, utcnow
 
 __all__ = ["DecisionLog", "DecisionRecord", "decision_table", "without_token"]
@@ -65,6 +66,7 @@ class DecisionRecord:
 
 _GET = select(decision_table).where(decision_table.c.decision_id == bindparam("p_id"))
 _INSERT = insert(decision_table)
+_F_GET, _F_INSERT = FastStatement(_GET), FastStatement(_INSERT)  # the consumer's hot path
 _WITH_TOKEN = select(decision_table.c.decision_id, decision_table.c.body).where(
     decision_table.c.body.contains('"resume_token"')
 )
@@ -87,8 +89,8 @@ class DecisionLog:
         if conn is None:
             with self.engine.connect() as own:
                 return self.get(decision_id, conn=own)
-        row = conn.execute(_GET, {"p_id": decision_id}).mappings().first()
-        return _record(row) if row is not None else None
+        rows = _F_GET.execute(conn, {"p_id": decision_id}).mappings()
+        return _record(rows[0]) if rows else None
 
     def begin(self) -> AbstractContextManager[Connection]:
         """A write transaction on the log's database (`BEGIN IMMEDIATE` on SQLite), for a
@@ -127,11 +129,11 @@ class DecisionLog:
             "received_at": utcnow(),
         }
         if conn is not None:
-            conn.execute(_INSERT, values)
+            _F_INSERT.execute(conn, values)
             return None
         try:
             with self._writer.begin() as own:
-                own.execute(_INSERT, values)
+                _F_INSERT.execute(own, values)
         except IntegrityError:
             return self.get(decision_id)
         return None

@@ -45,6 +45,7 @@ from sqlalchemy.engine import Connection, ExceptionContext
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from interlock import SqlSessionStore
+from interlock.stores.fast import FastStatement
 from schemas import EventBase, Snapshot, utcnow
 
 from .publisher import Publisher
@@ -92,6 +93,9 @@ _MARK_SENT = (
     .where(_OUT.id == bindparam("p_id"))
     .values(sent_at=bindparam("p_at"), body=bindparam("p_body"))
 )
+# On the DBAPI cursor (see `interlock.stores.fast`): inside the snapshot's transaction.
+_F_INSERT_RETURNING = FastStatement(_INSERT.returning(_OUT.id))
+_F_MARK_SENT = FastStatement(_MARK_SENT)
 
 SWEEP_GRACE = 2.0
 """Seconds a row stays its writer's to publish before another process's sweep takes it
@@ -158,19 +162,20 @@ class Outbox:
         """Write `event` as an unsent row, inside the caller's transaction: this process
         publishes it once that transaction has committed."""
         body = event.model_dump_json()
-        result = conn.execute(
-            _INSERT,
-            {
-                "event_id": event.event_id,
-                "routing_key": event.type,
-                "body": body,
-                "created_at": utcnow(),
-            },
-        )
-        key = result.inserted_primary_key
-        if key is None:  # pragma: no cover - every dialect we support returns it
+        values = {
+            "event_id": event.event_id,
+            "routing_key": event.type,
+            "body": body,
+            "created_at": utcnow(),
+        }
+        if conn.dialect.insert_returning:
+            row_id = _F_INSERT_RETURNING.execute(conn, values).scalar()
+        else:  # pragma: no cover - SQLite and PostgreSQL both have RETURNING
+            key = conn.execute(_INSERT, values).inserted_primary_key
+            row_id = None if key is None else key[0]
+        if row_id is None:  # pragma: no cover - every dialect we support returns it
             raise RuntimeError("the outbox row's id was not returned")
-        conn.info.setdefault(self._staged, []).append((int(key[0]), event.type, body))
+        conn.info.setdefault(self._staged, []).append((int(row_id), event.type, body))
 
     def add_now(self, event: EventBase) -> None:
         """Write `event` in a transaction of its own."""
@@ -346,7 +351,7 @@ class Outbox:
         # Need not wait for the disk: a mark lost with the machine only means the event
         # is published again (events carry ids) and its row marked again.
         with self.store.writer(relaxed=True).begin() as conn:
-            conn.execute(_MARK_SENT, params)
+            _F_MARK_SENT.executemany(conn, params)
 
 
 def _erase_token(body: str) -> str:

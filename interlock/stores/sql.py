@@ -30,7 +30,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cache, partial
 from typing import Any, ClassVar
@@ -61,7 +61,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine, RowMapping, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import InvalidatePoolError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import registry
@@ -73,6 +73,7 @@ from sqlmodel import Field, SQLModel, create_engine
 from schemas import ErrorInfo, FinishReason, Message, Snapshot, SnapshotStatus, Status, utcnow
 
 from ..errors import StatusError
+from .fast import FastStatement
 
 try:
     import fcntl
@@ -197,6 +198,12 @@ _RELEASE = (
     .where(_SNAP.c.snapshot_id == bindparam("p_sid"), _SNAP.c.resumed_by == bindparam("p_by"))
     .values(resumed_by=None, updated_at=bindparam("p_now"))
 )
+# Run on the DBAPI cursor (`FastStatement`): SQLAlchemy's per-statement machinery would
+# cost more than SQLite takes to run them, inside the write transaction.
+_F_SNAPSHOT_EXISTS = FastStatement(_SNAPSHOT_EXISTS)
+_F_PARENT_LEN = FastStatement(_PARENT_LEN)
+_F_INSERT_MESSAGES = FastStatement(_INSERT_MESSAGES)
+_F_CLAIM = FastStatement(_CLAIM)
 # Every column of a snapshot row but `seq` (kept on replace: it is the first-save order).
 _ROW_COLUMNS = tuple(c.name for c in _SNAP.c if c.name != "seq")
 _CHANGED_COLUMNS = tuple(c for c in _ROW_COLUMNS if c != "snapshot_id")
@@ -243,6 +250,7 @@ def _list_statement(
 
 
 _GET_SNAPSHOT = select(_SNAP).where(_SNAP.c.snapshot_id == bindparam("p_sid"))
+_F_GET_SNAPSHOT = FastStatement(_GET_SNAPSHOT)
 _BY_TURN = (
     select(_SNAP).where(_SNAP.c.turn_id == bindparam("p_turn")).order_by(_SNAP.c.seq).limit(1)
 )
@@ -757,7 +765,7 @@ class SqlSessionStore:
     def get_snapshot_in(self, conn: Connection, snapshot_id: str) -> Snapshot | None:
         """`get_snapshot` on the caller's connection (a transaction on `reader()`): reads
         of other tables beside it share its connection, its round trips and its view."""
-        rows = conn.execute(_GET_SNAPSHOT, {"p_sid": snapshot_id}).mappings().all()
+        rows = _F_GET_SNAPSHOT.execute(conn, {"p_sid": snapshot_id}).mappings()
         histories = _histories(conn, rows)
         return _to_snapshot(rows[0], histories[snapshot_id]) if rows else None
 
@@ -799,7 +807,7 @@ class SqlSessionStore:
 
     def _load(self, stmt: Select[Any], params: dict[str, Any]) -> list[Snapshot]:
         with self._reader.connect() as conn, conn.begin():
-            rows = conn.execute(stmt, params).mappings().all()
+            rows = FastStatement.of(stmt).execute(conn, params).mappings()
             histories = _histories(conn, rows)
         return [_to_snapshot(r, histories[r["snapshot_id"]]) for r in rows]
 
@@ -815,7 +823,7 @@ class SqlSessionStore:
         sid = snapshot.snapshot_id
         with self._writer.begin() as conn:
             if self._save_hooks:
-                created = conn.execute(_SNAPSHOT_EXISTS, {"p_sid": sid}).first() is None
+                created = _F_SNAPSHOT_EXISTS.execute(conn, {"p_sid": sid}).first() is None
                 for hook in self._save_hooks:
                     hook(conn, snapshot, created)
             base = self._storage_base(conn, snapshot)
@@ -830,7 +838,7 @@ class SqlSessionStore:
                 for i in range(base, len(snapshot.messages))
             ]
             if own:
-                conn.execute(_INSERT_MESSAGES, own)
+                _F_INSERT_MESSAGES.executemany(conn, own)
 
     def _storage_base(self, conn: Connection, snapshot: Snapshot) -> int:
         """How many leading messages this save may leave to the parent's rows."""
@@ -838,7 +846,7 @@ class SqlSessionStore:
         parent = snapshot.parent_id
         if want == 0 or parent is None or parent == snapshot.snapshot_id:
             return 0
-        parent_len = conn.execute(_PARENT_LEN, {"p_parent": parent}).scalar_one_or_none()
+        parent_len = _F_PARENT_LEN.execute(conn, {"p_parent": parent}).scalar()
         if parent_len is None or parent_len < want:
             _log.warning(
                 "snapshot %s inherits %d messages from %s, which has %s; storing all of them",
@@ -858,7 +866,7 @@ class SqlSessionStore:
         """`claim`, inside the caller's write transaction `conn` (begun on `writer()`):
         the claim commits or rolls back with whatever else the caller writes there."""
         params = {"p_sid": snapshot_id, "p_by": by, "p_now": _to_db(utcnow())}
-        return conn.execute(_CLAIM, params).rowcount == 1
+        return _F_CLAIM.execute(conn, params).rowcount == 1
 
     def release(self, snapshot_id: str, by: str) -> None:
         params = {"p_sid": snapshot_id, "p_by": by, "p_now": _to_db(utcnow())}
@@ -903,7 +911,7 @@ def _write_row(conn: Connection, values: dict[str, Any]) -> bool:
     """Insert the snapshot row, or replace it in place (keeping `seq`, its first-save
     order). True when the row is new."""
     insert_new = _insert_new_statement(conn.dialect.name)
-    if insert_new is not None and conn.execute(insert_new, values).rowcount == 1:
+    if insert_new is not None and FastStatement.of(insert_new).execute(conn, values).rowcount == 1:
         return True
     changes = {k: v for k, v in values.items() if k != "snapshot_id"}
     if conn.execute(_UPDATE_ROW, {"p_sid": values["snapshot_id"], **changes}).rowcount == 1:
@@ -953,10 +961,11 @@ def _history_statement(many: bool) -> Select[Any]:
 
 _HISTORY_ONE = _history_statement(many=False)
 _HISTORY_MANY = _history_statement(many=True)
+_F_HISTORY_ONE = FastStatement(_HISTORY_ONE)
 _MESSAGES = TypeAdapter(list[Message])
 
 
-def _histories(conn: Connection, rows: Sequence[RowMapping]) -> dict[str, list[Message]]:
+def _histories(conn: Connection, rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Message]]:
     """The whole message history of each snapshot row, in one recursive query.
 
     The chain walks from each snapshot to its ancestors while the current link still
@@ -970,11 +979,11 @@ def _histories(conn: Connection, rows: Sequence[RowMapping]) -> dict[str, list[M
     positions: dict[str, list[int]] = {sid: [] for sid in ids}
     bodies: dict[str, list[str]] = {sid: [] for sid in ids}
     found = (
-        conn.execute(_HISTORY_ONE, {"p_id": ids[0]})
+        _F_HISTORY_ONE.execute(conn, {"p_id": ids[0]}).all()
         if len(ids) == 1
-        else conn.execute(_HISTORY_MANY, {"p_ids": ids})
+        else conn.execute(_HISTORY_MANY, {"p_ids": ids}).all()  # expanding: SQLAlchemy's path
     )
-    for root, idx, body in found.all():
+    for root, idx, body in found:
         positions[root].append(idx)
         bodies[root].append(body)
     for sid, texts in bodies.items():
@@ -997,7 +1006,7 @@ def _ranges(xs: Iterable[int]) -> str:
     return f"{xs[:5]}{'...' if len(xs) > 5 else ''} ({len(xs)} in all)"
 
 
-def _to_snapshot(r: RowMapping, messages: list[Message]) -> Snapshot:
+def _to_snapshot(r: Mapping[str, Any], messages: list[Message]) -> Snapshot:
     return Snapshot(
         snapshot_id=r["snapshot_id"],
         session_id=r["session_id"],

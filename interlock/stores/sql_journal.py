@@ -54,6 +54,7 @@ from sqlalchemy.sql.dml import Insert
 
 from schemas import Snapshot, utcnow
 
+from .fast import FastStatement
 from .sql import SqlSessionStore
 
 __all__ = ["REFUSED", "SqlTurnJournal", "TurnStart", "TurnStartKind", "journal_metadata"]
@@ -126,6 +127,11 @@ _ENDED = (
 """How a turn ended: the first snapshot carrying its id (its id and status), or else
 its refusal (no snapshot, status `refused`); no row while it has not ended."""
 
+# The hot path's statements, run on the DBAPI cursor (see `interlock.stores.fast`).
+_F_TAKE, _F_RENEW, _F_DROP_LEASE, _F_DROP_ENTRIES, _F_LOAD, _F_RECORD, _F_ENDED = (
+    FastStatement(s) for s in (_TAKE, _RENEW, _DROP_LEASE, _DROP_ENTRIES, _LOAD, _RECORD, _ENDED)
+)
+
 
 @cache
 def _insert_lease_if_new(dialect: str) -> Insert | None:
@@ -182,7 +188,8 @@ class SqlTurnJournal:
     def __init__(self, store: SqlSessionStore) -> None:
         self.store = store
         store.create_all(journal_metadata)
-        self._insert_if_new = _insert_lease_if_new(store.engine.dialect.name)
+        insert_if_new = _insert_lease_if_new(store.engine.dialect.name)
+        self._insert_if_new = None if insert_if_new is None else FastStatement(insert_if_new)
         # PostgreSQL (read committed): the insert's NOT EXISTS sees the snapshots committed
         # when the statement began. If it then waited on the lease row of a run whose
         # ending snapshot was committing, that snapshot is visible only to a new statement.
@@ -195,7 +202,7 @@ class SqlTurnJournal:
 
     def load(self, session_id: str, turn_id: str) -> dict[str, Any]:
         with self.store.engine.connect() as conn:
-            rows = conn.execute(_LOAD, {"p_turn": turn_id}).all()
+            rows = _F_LOAD.execute(conn, {"p_turn": turn_id}).all()
         return {str(key): json.loads(body) for key, body in rows}
 
     def record(self, session_id: str, turn_id: str, key: str, value: Any) -> None:
@@ -213,7 +220,7 @@ class SqlTurnJournal:
             # the same key (the window `interlock.journal` describes).
             relaxed = not key.startswith("model:")
             with self.store.writer(relaxed=relaxed).begin() as conn:
-                conn.execute(_RECORD, row)
+                _F_RECORD.execute(conn, row)
         except IntegrityError:
             pass  # the first value written wins
 
@@ -232,7 +239,7 @@ class SqlTurnJournal:
             "body": json.dumps(error),
             "created_at": utcnow(),
         }
-        conn.execute(_RECORD, row)
+        _F_RECORD.execute(conn, row)
         return True
 
     # -- a worker's turn ----------------------------------------------------------------
@@ -248,14 +255,14 @@ class SqlTurnJournal:
         params = {"p_turn": turn_id, "p_owner": owner, "p_now": now}
         params["p_until"] = now + timedelta(seconds=ttl)
         with self.store.writer(relaxed=True).begin() as conn:
-            if conn.execute(self._insert_if_new, params).first() is not None:
+            if self._insert_if_new.execute(conn, params).first() is not None:
                 kind = TurnStartKind.NEW  # the usual case: one statement
                 if self._recheck_ended and (ended := self._ended(conn, params)) is not None:
-                    conn.execute(_DROP_LEASE, params)
+                    _F_DROP_LEASE.execute(conn, params)
                     return ended
             elif (ended := self._ended(conn, params)) is not None:
                 return ended
-            elif conn.execute(_TAKE, params).rowcount == 1:
+            elif _F_TAKE.execute(conn, params).rowcount == 1:
                 kind = TurnStartKind.TAKEN_OVER
             else:
                 kind = TurnStartKind.BUSY
@@ -268,7 +275,7 @@ class SqlTurnJournal:
     def _ended(conn: Connection, params: dict[str, Any]) -> TurnStart | None:
         """ENDED when a snapshot carries the turn id (the first one), or else a refusal
         ended the turn; one statement."""
-        if (ended := conn.execute(_ENDED, params).first()) is None:
+        if (ended := _F_ENDED.execute(conn, params).first()) is None:
             return None
         snapshot_id = str(ended[0]) if ended[0] is not None else None
         return TurnStart(TurnStartKind.ENDED, snapshot_id, str(ended[1]))
@@ -297,8 +304,8 @@ class SqlTurnJournal:
         if owner is None:
             return
         params = {"p_turn": snapshot.turn_id, "p_owner": owner}
-        conn.execute(_DROP_LEASE, params)
-        conn.execute(_DROP_ENTRIES, params)
+        _F_DROP_LEASE.execute(conn, params)
+        _F_DROP_ENTRIES.execute(conn, params)
 
     def end(self, turn_id: str, owner: str, *, snapshot_saved: bool) -> None:
         """The run of `turn_id` that `begin` started is over. When no snapshot ended the
@@ -311,7 +318,7 @@ class SqlTurnJournal:
             return
         params = {"p_turn": turn_id, "p_owner": owner, "p_until": utcnow()}
         with self.store.writer(relaxed=True).begin() as conn:
-            conn.execute(_RENEW, params)
+            _F_RENEW.execute(conn, params)
 
     def renew_held(self, ttl: float) -> int:
         """Extend every lease `begin` took here and not yet given up, in one
@@ -323,7 +330,7 @@ class SqlTurnJournal:
         until = utcnow() + timedelta(seconds=ttl)
         params = [{"p_turn": t, "p_owner": o, "p_until": until} for t, o in held]
         with self.store.writer(relaxed=True).begin() as conn:
-            conn.execute(_RENEW, params)
+            _F_RENEW.executemany(conn, params)
         return len(held)
 
     def held(self) -> dict[str, str]:

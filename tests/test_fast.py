@@ -1,0 +1,144 @@
+"""`FastStatement` on SQLite and PostgreSQL: the same rows and row counts as SQLAlchemy's
+own execution, the same events and errors, and a clear refusal of what it cannot run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    bindparam,
+    create_engine,
+    event,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from interlock.stores.fast import FastStatement
+
+tables = MetaData()
+thing = Table(
+    "fast_thing",
+    tables,
+    Column("id", Text, primary_key=True),
+    Column("n", Integer, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=True),
+)
+defaulted = Table(
+    "fast_defaulted",
+    tables,
+    Column("id", Text, primary_key=True),
+    Column("n", Integer, default=7),
+)
+
+T0 = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    url = (
+        f"sqlite:///{tmp_path / 'fast.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    eng = create_engine(url)
+    tables.create_all(eng)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+def rows_both_ways(engine: Engine, stmt: Any, params: dict[str, Any]) -> tuple[Any, Any]:
+    with engine.connect() as conn:
+        ours = FastStatement(stmt).execute(conn, params).all()
+        theirs = [tuple(r) for r in conn.execute(stmt, params).all()]
+    return ours, theirs
+
+
+def test_rows_and_counts_match_sqlalchemy(engine: Engine) -> None:
+    add = FastStatement(insert(thing))
+    with engine.begin() as conn:
+        assert add.execute(conn, {"id": "a", "n": 1, "at": T0}).rowcount == 1
+        many = [{"id": f"m{i}", "n": i, "at": T0 + timedelta(seconds=i)} for i in range(5)]
+        assert add.executemany(conn, many).rowcount == 5
+    by_n = select(thing).where(thing.c.n >= bindparam("p_n")).order_by(thing.c.id)
+    ours, theirs = rows_both_ways(engine, by_n, {"p_n": 2})
+    assert ours == theirs
+    assert [r[0] for r in ours] == ["m2", "m3", "m4"]
+    assert all(isinstance(r[2], datetime) for r in ours), "results go through the type"
+
+    # the same name bound twice (a datetime: its bind processor runs once per value)
+    touch = (
+        update(thing)
+        .where(thing.c.at < bindparam("p_at"))
+        .values(at=bindparam("p_at"), n=thing.c.n + 10)
+    )
+    later = T0 + timedelta(seconds=3)
+    with engine.begin() as conn:
+        assert FastStatement(touch).execute(conn, {"p_at": later}).rowcount == 4  # a, m0..m2
+    with engine.connect() as conn:
+        result = FastStatement(select(thing.c.id, thing.c.n)).execute(conn)
+        got = dict(result.all())
+        assert result.keys == ("id", "n")
+    assert got == {"a": 11, "m0": 10, "m1": 11, "m2": 12, "m3": 3, "m4": 4}
+
+
+def test_mappings_first_and_scalar(engine: Engine) -> None:
+    with engine.begin() as conn:
+        FastStatement(insert(thing)).execute(conn, {"id": "x", "n": 5, "at": None})
+    one = FastStatement(select(thing).where(thing.c.id == bindparam("p_id")))
+    with engine.connect() as conn:  # no explicit transaction: begun as SQLAlchemy would
+        assert one.execute(conn, {"p_id": "x"}).mappings() == [{"id": "x", "n": 5, "at": None}]
+        assert one.execute(conn, {"p_id": "nope"}).first() is None
+        count = FastStatement(select(thing.c.n).where(thing.c.id == bindparam("p_id")))
+        assert count.execute(conn, {"p_id": "x"}).scalar() == 5
+        assert count.execute(conn, {"p_id": "nope"}).scalar() is None
+    assert FastStatement.of(one.statement) is FastStatement.of(one.statement)
+
+
+def test_cursor_events_see_every_statement(engine: Engine) -> None:
+    seen: list[tuple[str, Any, bool]] = []
+    after: list[str] = []
+
+    def before(_c: Any, _cur: Any, statement: str, params: Any, _ctx: Any, many: bool) -> None:
+        seen.append((statement.split()[0], params, many))
+
+    event.listen(engine, "before_cursor_execute", before)
+    event.listen(engine, "after_cursor_execute", lambda *a: after.append(a[2].split()[0]))
+    with engine.begin() as conn:
+        FastStatement(insert(thing)).executemany(conn, [{"id": "e", "n": 1, "at": None}])
+        FastStatement(select(thing.c.n)).execute(conn)
+    assert [(s, many) for s, _p, many in seen] == [("INSERT", True), ("SELECT", False)]
+    assert after == ["INSERT", "SELECT"]
+
+
+def test_driver_errors_are_sqlalchemys(engine: Engine) -> None:
+    add = FastStatement(insert(thing))
+    with engine.begin() as conn:
+        add.execute(conn, {"id": "dup", "n": 1, "at": None})
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        add.execute(conn, {"id": "dup", "n": 2, "at": None})
+    with engine.connect() as conn:  # the failed transaction changed nothing
+        assert FastStatement(select(thing.c.n)).execute(conn).all() == [(1,)]
+
+
+def test_refuses_what_it_cannot_run(engine: Engine) -> None:
+    expanding = select(thing).where(thing.c.id.in_(bindparam("p_ids", expanding=True)))
+    with engine.connect() as conn:
+        with pytest.raises(ValueError, match="expanded at execution"):
+            FastStatement(expanding).execute(conn, {"p_ids": ["a"]})
+        with pytest.raises(ValueError, match="column defaults"):
+            FastStatement(insert(defaulted)).execute(conn, {"id": "d"})
