@@ -6,8 +6,10 @@ turn a rejected decision aimed at can still be answered afterwards."""
 from __future__ import annotations
 
 import base64
+import bz2
 import json
 import uuid
+import zlib
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -253,6 +255,37 @@ def test_repeated_rejected_decision_id_is_not_evaluated_again(dash: Dashboard) -
 NOT_JSON = b"\x00\xffnot json"
 
 
+def unreadable(
+    dash: Dashboard,
+    stack: QueueStack,
+    body: bytes,
+    content_type: str,
+    reason: str,
+    headers: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], str | None]:
+    """Publish a body the consumer cannot read: its one outcome is decision.rejected,
+    INVALID_ARGUMENT naming `reason`, decision_id null, and it is dead-lettered.
+    Returns the event (wire form) and the dead letter (envelope, headers, type)."""
+    nonce = str(uuid.uuid4())
+    dead = dead_reader(stack.broker_url)
+    try:
+        dash.publish_raw(body, content_type, headers={**(headers or {}), "x-test-nonce": nonce})
+        event = dash.wait(
+            lambda e: e.type == "decision.rejected" and reason in e.model_dump_json(),
+            f"decision.rejected naming {reason!r}",
+        )
+        envelope, dead_headers, dead_type = dead.wait(
+            lambda m: m.get("headers", {}).get("x-test-nonce") == nonce, "dead letter"
+        )
+    finally:
+        dead.close()
+    wire = event.model_dump(mode="json")
+    assert wire["decision_id"] is None
+    assert wire["error"]["status"] == "INVALID_ARGUMENT"
+    assert reason in wire["error"]["message"]
+    return wire, envelope, dead_headers, dead_type
+
+
 @pytest.mark.parametrize(
     ("content_type", "body", "reason"),
     [
@@ -264,23 +297,7 @@ NOT_JSON = b"\x00\xffnot json"
 def test_unreadable_body_is_rejected_and_dead_lettered(
     dash: Dashboard, stack: QueueStack, content_type: str, body: bytes, reason: str
 ) -> None:
-    nonce = str(uuid.uuid4())
-    dead = dead_reader(stack.broker_url)
-    try:
-        dash.publish_raw(body, content_type, headers={"x-test-nonce": nonce})
-        event = dash.wait(
-            lambda e: e.type == "decision.rejected" and e.model_dump()["decision_id"] is None,
-            "decision.rejected with decision_id null",
-        )
-        envelope, headers, dead_type = dead.wait(
-            lambda m: m.get("headers", {}).get("x-test-nonce") == nonce, "dead letter"
-        )
-    finally:
-        dead.close()
-    wire = event.model_dump(mode="json")
-    assert wire["decision_id"] is None
-    assert wire["error"]["status"] == "INVALID_ARGUMENT"
-    assert reason in wire["error"]["message"]
+    wire, envelope, headers, dead_type = unreadable(dash, stack, body, content_type, reason)
     # kept on interlock.decisions.dead with the reason, and the body, byte for byte
     assert dead_type == "application/json"
     assert envelope["reason"] == wire["error"]["message"]
@@ -302,6 +319,61 @@ def test_a_decision_of_the_wrong_content_type_is_rejected_under_its_id(
     assert wire["error"]["status"] == "INVALID_ARGUMENT"
     assert "content type 'application/xml' is not accepted" in wire["error"]["message"]
     still_answerable(dash, paused)
+
+
+@pytest.mark.parametrize(
+    ("body", "compression", "reason"),
+    [
+        (
+            b"not zlib at all",
+            "application/x-gzip",
+            "cannot be decoded (compression 'application/x-gzip')",
+        ),
+        (
+            zlib.compress(b" " * (MAX_DECISION_BYTES + 1)),
+            "application/x-gzip",
+            f"inflates to more than {MAX_DECISION_BYTES} bytes",
+        ),
+        (
+            bz2.compress(b" " * (4 * MAX_DECISION_BYTES)),
+            "application/x-bz2",
+            f"inflates to more than {MAX_DECISION_BYTES} bytes",
+        ),
+        (
+            b"{}",
+            "application/x-nonesuch",
+            "cannot be decoded (compression 'application/x-nonesuch')",
+        ),
+    ],
+    ids=["corrupt", "zlib-past-the-limit", "bzip2-past-the-limit", "unknown-codec"],
+)
+def test_a_body_kombu_cannot_inflate_is_rejected_and_kept(
+    dash: Dashboard, stack: QueueStack, body: bytes, compression: str, reason: str
+) -> None:
+    """kombu inflates a body whose headers name a `compression` before the consumer sees
+    it. One it cannot inflate (corrupt, an unknown codec) it used to ack and drop, with
+    no outcome; one that inflates past the decision limit it inflated whole, in memory.
+    Both are refused with decision.rejected (decision_id null) and kept, as received, on
+    the dead-letter queue; the consumer goes on."""
+    paused = dash.paused("Transfer $26 to compressed")
+    headers = {"compression": compression}
+    wire, envelope, _, _ = unreadable(dash, stack, body, "application/json", reason, headers)
+    assert envelope["reason"] == wire["error"]["message"]
+    assert base64.b64decode(envelope["body_base64"]) == body, "kept as received"
+    assert stack.consumer is not None and stack.consumer.alive
+    still_answerable(dash, paused)
+
+
+def test_a_compressed_decision_is_read(dash: Dashboard) -> None:
+    """Compression within the limit works as kombu's users expect."""
+    paused = dash.paused("Transfer $27 to zipped")
+    body = decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused))
+    packed = zlib.compress(json.dumps(body).encode())
+    dash.publish_raw(packed, "application/json", headers={"compression": "application/x-gzip"})
+    accepted = dash.outcome(body["decision_id"])
+    assert accepted.type == "decision.accepted", accepted.model_dump_json()
+    done = dash.resumed_turn(accepted)
+    assert done.type == "turn.completed", done.model_dump_json()
 
 
 def push_item(stack: QueueStack, item: bytes | str) -> None:

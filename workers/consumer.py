@@ -15,12 +15,14 @@ from kombu.messaging import Consumer
 from kombu.mixins import ConsumerMixin
 from sqlalchemy.exc import DataError, IntegrityError
 
+from events.compression import bound_decompression
 from events.decision_log import DecisionRecord
 from events.publisher import declare
 from events.redis_transport import UNREADABLE
 from events.topology import DECISIONS
 from interlock import StatusError
 from schemas import (
+    MAX_DECISION_BYTES,
     Decision,
     DecisionAccepted,
     DecisionRejected,
@@ -61,6 +63,8 @@ class ResumeConsumer(ConsumerMixin):
         self.connection: Connection = self.rt.connection()
         self.heartbeat = Path(heartbeat_file) if heartbeat_file else None
         self.handled = 0
+        # kombu inflates a compressed body before any check here: never past the limit.
+        bound_decompression(MAX_DECISION_BYTES)
 
     def get_consumers(self, consumer_cls: Callable[..., Consumer], channel: Any) -> list[Consumer]:
         return [
@@ -84,8 +88,27 @@ class ResumeConsumer(ConsumerMixin):
         if self.heartbeat is not None:
             self.heartbeat.touch()
 
+    def on_decode_error(self, message: KombuMessage, exc: Exception) -> None:
+        """kombu could not build the message's body: its `compression` header names an
+        unknown codec, the body is corrupt or inflates past the decision limit, or its
+        text cannot take the declared encoding. kombu's own answer is to ack and drop
+        it; this one refuses it (INVALID_ARGUMENT) and keeps it, as received, on the
+        dead-letter queue, like any unreadable decision."""
+        headers = dict(message.headers or {})
+        compression = headers.get("compression")
+        what = (
+            f"compression {compression!r}"
+            if compression
+            else f"content encoding {message.content_encoding!r}"
+        )
+        headers[UNREADABLE] = f"the body cannot be decoded ({what}): {exc}"
+        self._consume(message, headers)
+
     def on_message(self, message: KombuMessage) -> None:
-        body, headers = message.body, dict(message.headers or {})
+        self._consume(message, dict(message.headers or {}))
+
+    def _consume(self, message: KombuMessage, headers: dict[str, Any]) -> None:
+        body = message.body
         try:
             try:
                 self.handle(body, message.content_type, headers)
