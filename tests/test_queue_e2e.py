@@ -9,10 +9,12 @@ works on sessions of its own and binds its own event queue, so tests share no st
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
 import uuid
+import zlib
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, cast
@@ -25,6 +27,7 @@ from queue_helpers import (
     QueueStack,
     cli_submit,
     dashboard_for,
+    dead_reader,
     decision,
     interrupted_reader,
     module_stack,
@@ -325,6 +328,37 @@ def _unique(events: list[Any]) -> list[Any]:
             seen.add(e.event_id)
             out.append(e)
     return out
+
+
+@pytest.mark.parametrize("stack", ["redis", "rabbitmq"], indirect=True)
+def test_a_body_kombu_cannot_decode_is_refused_on_both_brokers(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    """kombu inflates a `compression` header's body as it builds the message, on AMQP as
+    on Redis; one it cannot inflate reaches the consumer's decode-error path, which
+    refuses and keeps it (kombu's own would ack and drop it)."""
+    paused = dash.paused("Transfer $8 to corrupt")
+    nonce = str(uuid.uuid4())
+    body = zlib.compress(b"{}")[:-2]  # truncated
+    dead = dead_reader(stack.broker_url)
+    try:
+        headers = {"compression": "application/x-gzip", "x-test-nonce": nonce}
+        dash.publish_raw(body, "application/json", exchange="interlock.decisions", headers=headers)
+        event = dash.wait(
+            lambda e: e.type == "decision.rejected" and "cannot be decoded" in e.model_dump_json(),
+            "decision.rejected for the corrupt body",
+        )
+        envelope, _, _ = dead.wait(
+            lambda m: m.get("headers", {}).get("x-test-nonce") == nonce, "dead letter"
+        )
+    finally:
+        dead.close()
+    wire = event.model_dump(mode="json")
+    assert (wire["decision_id"], wire["error"]["status"]) == (None, "INVALID_ARGUMENT")
+    assert "truncated" in wire["error"]["message"]
+    assert base64.b64decode(envelope["body_base64"]) == body
+    done = dash.resolve(paused)
+    assert done.type == "turn.completed", done.model_dump_json()
 
 
 # -------------------------------------------------------------------------- the CLI alone
