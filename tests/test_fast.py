@@ -142,3 +142,6 @@ def test_refuses_what_it_cannot_run(engine: Engine) -> None:
             FastStatement(expanding).execute(conn, {"p_ids": ["a"]})
         with pytest.raises(ValueError, match="column defaults"):
             FastStatement(insert(defaulted)).execute(conn, {"id": "d"})
+        odd = select(thing.c.n).where(thing.c.id == bindparam("p id%"))
+        with pytest.raises(ValueError, match="need escaping"):
+            FastStatement(odd).execute(conn, {"p id%": "a"})

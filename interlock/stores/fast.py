@@ -15,8 +15,9 @@ counters see these statements), `echo`, and error handling: a driver error is ra
 SQLAlchemy raises it, a lost connection invalidates the pool the same way.
 
 What it refuses, when the statement is first compiled for a dialect: parameters
-expanded or rendered at execution (`expanding=True`, `literal_execute`) and
-Python-side column defaults, which SQLAlchemy computes per execution.
+expanded or rendered at execution (`expanding=True`, `literal_execute`), Python-side
+column defaults (SQLAlchemy computes them per execution), and parameter names the
+dialect must escape.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class _Plan:
             raise ValueError("FastStatement: parameters expanded at execution are not supported")
         if getattr(compiled, "insert_prefetch", None) or getattr(compiled, "update_prefetch", None):
             raise ValueError("FastStatement: Python-side column defaults are not supported")
+        if getattr(compiled, "escaped_bind_names", None):
+            raise ValueError("FastStatement: parameter names that need escaping are not supported")
         self.sql: str = compiled.string
         names: dict[Any, str] = compiled.bind_names
         self.defaults = {
