@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 from kombu.connection import Connection
 from kombu.messaging import Producer
-from queue_helpers import decision, run_cli
-from services import start_redis
+from queue_helpers import Service, decision, run_cli
+from services import free_port, start_redis
 
 from events.publisher import declare
 from events.topology import event_queue
 from interlock import FinishReason, SqlSessionStore
+from workers.cli import BURST_CONNECT_RETRIES
 
 APP = "examples.banking:ai"
 
@@ -119,3 +120,38 @@ def test_burst_worker_and_consumer_serve_what_is_queued_then_exit(batch: Batch) 
         assert {e["session_id"] for e in done} == {e["session_id"] for e in paused}
     finally:
         store.dispose()
+
+
+# ------------------------------------------------------------ no broker
+
+
+def test_a_burst_consumer_with_no_broker_exits_unavailable(tmp_path: Path) -> None:
+    """A batch job whose broker is not there: a few attempts, one line each, then exit 1
+    with a one-line reason, instead of waiting for ever."""
+    broker = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    result = run_cli(
+        "resume-consumer", "--burst", "--app", APP, "--broker", broker, "--store", store
+    )
+    assert result.returncode == 1, result.describe()
+    assert "error: UNAVAILABLE: cannot reach the broker" in result.stderr, result.describe()
+    retries = result.stderr.count("); trying again in")  # one line before each retry
+    assert retries == BURST_CONNECT_RETRIES, result.describe()
+    assert "Traceback" not in result.stderr, result.describe()
+
+
+@pytest.mark.parametrize("burst", [False, True], ids=["served", "burst"])
+def test_sigterm_stops_a_consumer_waiting_for_the_broker(tmp_path: Path, burst: bool) -> None:
+    """kombu's connection retries never look at the stop flag: SIGTERM (`docker stop`,
+    systemd) used to leave the consumer waiting for the broker until it was killed."""
+    broker = f"redis://127.0.0.1:{free_port()}/0"
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    args = ["resume-consumer", "--app", APP, "--broker", broker, "--store", store]
+    consumer = Service("resume-consumer", args + (["--burst"] if burst else []), tmp_path / "log")
+    try:
+        consumer.wait_for("trying again in")  # kombu's retries have begun
+        how = consumer.stop(timeout=20)
+    finally:
+        consumer.kill()
+    assert how == "exit 0", consumer.tail()
+    assert "stopped while waiting for the broker" in consumer.output() or burst, consumer.tail()

@@ -3,6 +3,7 @@ clear message with a non-zero exit on error."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -110,6 +111,10 @@ wait_option = click.option(
 timeout_option = click.option(
     "--timeout", default=60.0, show_default=True, help="Seconds to wait for each event."
 )
+BURST_CONNECT_RETRIES = 3
+"""Attempts to reach the broker a `resume-consumer --burst` makes after the first (kombu
+waits 2, 4 and 6 s between them) before it exits with UNAVAILABLE."""
+
 burst_option = click.option(
     "--burst", is_flag=True, help="Serve what is queued, then exit once there is nothing to do."
 )
@@ -314,7 +319,7 @@ def resume_consumer(
 
     from .app import create_app
     from .burst import drain
-    from .consumer import ResumeConsumer
+    from .consumer import ResumeConsumer, StopRequested
     from .maintenance import Maintenance
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -340,7 +345,11 @@ def resume_consumer(
     sys.stdout.flush()
     try:
         if burst:
-            drain(consumer, idle)
+            # A batch job should not wait for a broker that is not there: a few
+            # attempts (about 12 s), then UNAVAILABLE. Served, it retries for ever.
+            consumer.connect_max_retries = BURST_CONNECT_RETRIES
+            with contextlib.suppress(StopRequested):  # stopped before the broker answered
+                drain(consumer, idle)
             emit({"resume_consumer": "drained", "handled": consumer.handled})
         else:
             consumer.run()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +37,18 @@ from schemas import (
 from .app import runtime_of, send_turn
 from .decisions import ParseFailure, evaluate, parse_decision, resume_request
 
-__all__ = ["EnqueueError", "ResumeConsumer"]
+__all__ = ["EnqueueError", "ResumeConsumer", "StopRequested"]
 
 log = logging.getLogger("interlock.consumer")
 
 _CONTENT_ERRORS = (ValueError, TypeError, LookupError, RecursionError, DataError)
 """Errors a decision's content can cause (the database refusing a value included);
 retrying the message cannot help. Any other error is taken for a failing store or broker."""
+
+
+class StopRequested(Exception):
+    """Raised out of the broker connection's retries once a stop was asked for (SIGTERM):
+    kombu's retries never look at `should_stop`, and would wait for the broker forever."""
 
 
 class EnqueueError(Exception):
@@ -56,6 +62,9 @@ class ResumeConsumer(ConsumerMixin):
     `interlock.decisions.dead`. A decision is acked only once its outcome is recorded
     and, when accepted, its resumed turn is enqueued under a committed claim (the claim
     and the record commit together)."""
+
+    connect_max_retries: int | None = None  # type: ignore[assignment]  # kombu: None only
+    """Attempts to reach the broker after the first before giving up; None: for ever."""
 
     def __init__(self, app: Celery, *, heartbeat_file: str | None = None) -> None:
         self.app = app
@@ -75,6 +84,32 @@ class ResumeConsumer(ConsumerMixin):
 
     def on_connection_revived(self) -> None:
         log.info("connected to the broker")
+
+    @contextmanager
+    def establish_connection(self) -> Iterator[Connection]:
+        """kombu's, with retries a stop ends (`StopRequested`): checked every second of
+        the wait between two attempts."""
+        with self.create_connection() as conn:
+            conn.ensure_connection(
+                self.on_connection_error, self.connect_max_retries, callback=self._check_stop
+            )
+            yield conn
+
+    def _check_stop(self) -> None:
+        if self.should_stop:
+            raise StopRequested("stopped while waiting for the broker")
+
+    def on_connection_error(self, exc: Exception, interval: float) -> None:
+        """One line per failed attempt (kombu's logs a traceback every time)."""
+        log.warning("cannot reach the broker (%s); trying again in %.0f s", exc, interval)
+
+    def run(self, _tokens: int = 1, **kwargs: Any) -> Any:
+        """Serve until stopped; a stop while the broker is unreachable ends it too."""
+        try:
+            return super().run(_tokens, **kwargs)
+        except StopRequested as exc:
+            log.info("%s", exc)
+            return None
 
     def on_consume_ready(
         self, connection: Connection, channel: Any, consumers: list[Consumer], **kw: Any
