@@ -21,7 +21,7 @@ from services import free_port, start_redis
 from events.publisher import declare
 from events.topology import event_queue
 from interlock import FinishReason, SqlSessionStore
-from workers.cli import BURST_CONNECT_RETRIES
+from workers.burst import BURST_CONNECT_RETRIES
 
 APP = "examples.banking:ai"
 
@@ -138,6 +138,17 @@ def test_a_burst_consumer_with_no_broker_exits_unavailable(tmp_path: Path) -> No
     retries = result.stderr.count("); trying again in")  # one line before each retry
     assert retries == BURST_CONNECT_RETRIES, result.describe()
     assert "Traceback" not in result.stderr, result.describe()
+
+
+def test_a_burst_worker_with_no_broker_exits_with_an_error(tmp_path: Path) -> None:
+    broker = f"redis://127.0.0.1:{free_port()}/0"
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    flags = ["--app", APP, "--broker", broker, "--store", store]
+    result = run_cli("worker", "--burst", "--idle", "1", "--pool", "solo", *flags)
+    assert result.returncode == 1, result.describe()
+    assert "Unrecoverable error" in result.stdout + result.stderr, result.describe()
+    attempts = f"({BURST_CONNECT_RETRIES}/{BURST_CONNECT_RETRIES})"  # Celery's count
+    assert attempts in result.stdout + result.stderr, result.describe()
 
 
 @pytest.mark.parametrize("burst", [False, True], ids=["served", "burst"])

@@ -28,6 +28,12 @@ CHECK_EVERY = 0.2
 log = logging.getLogger("interlock.worker")
 
 
+BURST_CONNECT_RETRIES = 3
+"""Attempts to reach the broker that a worker or resume consumer in burst mode makes
+after the first (2, 4 and 6 s apart for the consumer) before it gives up and exits 1:
+a batch job should not wait for ever for a broker that is not there."""
+
+
 def burst_idle() -> float | None:
     """The idle seconds of a worker in burst mode (`BURST_ENV`), or None."""
     value = os.environ.get(BURST_ENV)

@@ -11,10 +11,12 @@ from events.publisher import declare
 from events.topology import TURNS
 
 from .app import create_app, runtime_of
-from .burst import WorkerBurst, burst_idle
+from .burst import BURST_CONNECT_RETRIES, WorkerBurst, burst_idle
 from .settings import Settings
 
 app = create_app(Settings.from_env())
+if burst_idle() is not None:  # a batch job: give up on a broker that is not there
+    app.conf.broker_connection_max_retries = BURST_CONNECT_RETRIES
 
 log = logging.getLogger("interlock.worker")
 

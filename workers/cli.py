@@ -111,10 +111,6 @@ wait_option = click.option(
 timeout_option = click.option(
     "--timeout", default=60.0, show_default=True, help="Seconds to wait for each event."
 )
-BURST_CONNECT_RETRIES = 3
-"""Attempts to reach the broker a `resume-consumer --burst` makes after the first (kombu
-waits 2, 4 and 6 s between them) before it exits with UNAVAILABLE."""
-
 burst_option = click.option(
     "--burst", is_flag=True, help="Serve what is queued, then exit once there is nothing to do."
 )
@@ -318,7 +314,7 @@ def resume_consumer(
     import logging
 
     from .app import create_app
-    from .burst import drain
+    from .burst import BURST_CONNECT_RETRIES, drain
     from .consumer import ResumeConsumer, StopRequested
     from .maintenance import Maintenance
 
