@@ -4,6 +4,7 @@ processes and their forks."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import multiprocessing
 import os
@@ -193,6 +194,38 @@ def test_a_lock_got_after_the_writer_gave_up_is_let_go(
         os.close(other)
     assert finishes(lambda: store.save_snapshot(snapshot("s", 1, "s-0")))
     assert store.get_latest_snapshot("s") is not None
+
+
+class _NoBlockingLocks(_CountingFcntl):
+    """`fcntl` whose waiting locks fail, as with a kernel out of lock records."""
+
+    def flock(self, fd: int, operation: int) -> None:
+        if operation == fcntl.LOCK_EX:
+            raise OSError(errno.ENOLCK, "No locks available")
+        super().flock(fd, operation)
+
+
+def test_a_helper_that_cannot_lock_lets_writers_go_on_at_once(
+    store: SqlSessionStore,
+    db: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The blocking flock fails: the waiting writer goes on without the lock file (SQLite
+    orders the writers), at once rather than after the lock timeout, and so do later ones."""
+    store.save_snapshot(snapshot("s", 0, None))
+    monkeypatch.setattr(interlock.stores.sql, "fcntl", _NoBlockingLocks())
+    monkeypatch.setattr(interlock.stores.sql, "_LOCK_TIMEOUT", 3600.0)
+    fd = os.open(f"{db}.writelock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held elsewhere: the writer must wait, and cannot
+        assert finishes(lambda: store.save_snapshot(snapshot("s", 1, "s-0")))
+        assert finishes(lambda: store.save_snapshot(snapshot("s", 2, "s-1")))
+    finally:
+        os.close(fd)
+    assert "could not lock the file" in caplog.text
+    latest = store.get_latest_snapshot("s")
+    assert latest is not None and latest.snapshot_id == "s-2"
 
 
 def test_a_failed_commit_releases_the_lock(store: SqlSessionStore, db: Path) -> None:

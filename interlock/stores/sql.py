@@ -25,6 +25,7 @@ builds the store with `create_tables=False`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -547,7 +548,11 @@ class _WriteLock:
             pass
         if self._waiter is None:
             self._waiter = _FlockWaiter(self._fd)
-        return self._waiter.wait(deadline - time.monotonic())
+        if self._waiter.wait(deadline - time.monotonic()):
+            return True
+        if self._waiter.broken:  # the caller stops using the lock file
+            raise OSError(errno.ENOLCK, "the write lock's helper could not lock the file")
+        return False
 
     def release(self, holder: Any) -> None:
         if holder is None or self._holder is not holder:
@@ -609,6 +614,7 @@ class _FlockWaiter:
         self._requested = 0  # the number of the latest request
         self._waiting = 0  # the request whose thread waits now (0: none)
         self._granted = 0  # the request the lock was taken for
+        self.broken = False  # flock failed in the helper: callers go on at once
 
     def wait(self, timeout: float) -> bool:
         """Whether the lock was taken for this caller within `timeout` seconds."""
@@ -620,7 +626,10 @@ class _FlockWaiter:
             self._requested += 1
             ticket = self._waiting = self._requested
             self._cv.notify_all()
-            if self._cv.wait_for(lambda: self._granted == ticket, max(timeout, 0.0)):
+            done = self._cv.wait_for(
+                lambda: self._granted == ticket or self.broken, max(timeout, 0.0)
+            )
+            if done and self._granted == ticket:
                 return True
             self._waiting = 0  # gone on without it: the helper lets go of a late lock
             return False
@@ -635,7 +644,16 @@ class _FlockWaiter:
                     os.close(fd)
                     return
                 served = self._requested
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as exc:  # no lock to be had (ENOLCK): writers go on without
+                _log.warning("write lock helper: %s; writers queue in SQLite instead", exc)
+                with self._cv:
+                    self.broken = True
+                    self._fd = -1
+                    self._cv.notify_all()
+                os.close(fd)
+                return
             with self._cv:
                 if self._waiting:
                     self._granted = self._waiting
