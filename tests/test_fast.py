@@ -145,3 +145,21 @@ def test_refuses_what_it_cannot_run(engine: Engine) -> None:
         odd = select(thing.c.n).where(thing.c.id == bindparam("p id%"))
         with pytest.raises(ValueError, match="need escaping"):
             FastStatement(odd).execute(conn, {"p id%": "a"})
+
+
+def test_a_schema_translate_map_goes_through_sqlalchemy(engine: Engine) -> None:
+    """The map renames tables as SQLAlchemy compiles: honoured, not compiled away."""
+    schema = "main" if engine.dialect.name == "sqlite" else "public"
+    mapped = engine.execution_options(schema_translate_map={None: schema})
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    with mapped.begin() as conn:
+        FastStatement(insert(thing)).execute(conn, {"id": "t", "n": 2, "at": T0})
+        FastStatement(insert(thing)).executemany(conn, [{"id": "u", "n": 3, "at": None}])
+        bump = update(thing).where(thing.c.n >= bindparam("p_n")).values(n=thing.c.n + 1)
+        assert FastStatement(bump).execute(conn, {"p_n": 2}).rowcount == 2
+        result = FastStatement(select(thing.c.id, thing.c.at).order_by(thing.c.id)).execute(conn)
+    assert result.all() == [("t", result.all()[0][1]), ("u", None)]
+    assert isinstance(result.all()[0][1], datetime)
+    assert result.keys == ("id", "at")
+    assert all(f"{schema}." in statement for statement in seen), seen

@@ -17,16 +17,18 @@ SQLAlchemy raises it, a lost connection invalidates the pool the same way.
 What it refuses, when the statement is first compiled for a dialect: parameters
 expanded or rendered at execution (`expanding=True`, `literal_execute`), Python-side
 column defaults (SQLAlchemy computes them per execution), and parameter names the
-dialect must escape.
+dialect must escape. On a connection with a `schema_translate_map`, which changes the
+SQL at each compilation, statements go through SQLAlchemy's own execution.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.base import Executable
 
 __all__ = ["FastResult", "FastStatement"]
 
@@ -134,6 +136,8 @@ class FastStatement:
 
     def execute(self, conn: Connection, params: Mapping[str, Any] | None = None) -> FastResult:
         params = params or {}
+        if _translated(conn):
+            return self._through_sqlalchemy(conn, dict(params))
         plan = self._plan(conn, tuple(params))
         return _run(conn, plan, plan.bind(params), many=False)
 
@@ -141,8 +145,25 @@ class FastStatement:
         """One statement for many parameter sets (all with the same names)."""
         if not rows:
             return FastResult([], 0, ())
+        if _translated(conn):
+            return self._through_sqlalchemy(conn, [dict(r) for r in rows])
         plan = self._plan(conn, tuple(rows[0]))
         return _run(conn, plan, [plan.bind(r) for r in rows], many=True)
+
+    def _through_sqlalchemy(self, conn: Connection, params: Any) -> FastResult:
+        """SQLAlchemy's own execution, for a connection whose execution options change
+        how the statement compiles (`schema_translate_map`)."""
+        result = conn.execute(cast(Executable, self.statement), params)
+        if not result.returns_rows:
+            return FastResult([], result.rowcount, ())
+        keys = tuple(result.keys())
+        rows = [tuple(row) for row in result.all()]
+        return FastResult(rows, result.rowcount, keys)
+
+
+def _translated(conn: Connection) -> bool:
+    """Whether `conn` renames schemas at compile time (a plan compiled once would not)."""
+    return bool(conn.get_execution_options().get("schema_translate_map"))
 
 
 def _run(conn: Connection, plan: _Plan, params: Any, *, many: bool) -> FastResult:
