@@ -196,6 +196,40 @@ def test_a_lock_got_after_the_writer_gave_up_is_let_go(
     assert store.get_latest_snapshot("s") is not None
 
 
+def test_the_helper_thread_ends_when_idle_and_starts_again(
+    store: SqlSessionStore, db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper that waits for a contended lock ends after a while with nothing to do;
+    the next contended write starts a new one, and waits as before."""
+    monkeypatch.setattr(interlock.stores.sql, "_WAITER_IDLE", 0.1)
+    store.save_snapshot(snapshot("s", 0, None))
+
+    lock = interlock.stores.sql._WriteLock.beside(str(db))
+    assert lock is not None
+
+    def helpers() -> int:  # this lock's helper thread: 1 while it runs
+        waiter = lock._waiter
+        return int(waiter is not None and waiter._fd >= 0)
+
+    for i in (1, 2):
+        fd = os.open(f"{db}.writelock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held elsewhere: the write waits on the helper
+        writer = threading.Thread(
+            target=store.save_snapshot, args=(snapshot("s", i, f"s-{i - 1}"),)
+        )
+        try:
+            writer.start()
+            eventually(lambda: helpers() == 1, "a helper waiting for the lock", WAIT)
+        finally:
+            os.close(fd)
+        writer.join(WAIT)
+        assert not writer.is_alive()
+        eventually(lambda: helpers() == 0, "the idle helper gone", WAIT)
+    latest = store.get_latest_snapshot("s")
+    assert latest is not None and latest.snapshot_id == "s-2"
+    assert lock_is_free(db)
+
+
 class _NoBlockingLocks(_CountingFcntl):
     """`fcntl` whose waiting locks fail, as with a kernel out of lock records."""
 

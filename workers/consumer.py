@@ -137,12 +137,12 @@ class ResumeConsumer(ConsumerMixin):
             else f"content encoding {message.content_encoding!r}"
         )
         headers[UNREADABLE] = f"the body cannot be decoded ({what}): {exc}"
-        self._consume(message, headers)
+        self._process(message, headers)
 
     def on_message(self, message: KombuMessage) -> None:
-        self._consume(message, dict(message.headers or {}))
+        self._process(message, dict(message.headers or {}))
 
-    def _consume(self, message: KombuMessage, headers: dict[str, Any]) -> None:
+    def _process(self, message: KombuMessage, headers: dict[str, Any]) -> None:
         body = message.body
         try:
             try:

@@ -189,7 +189,7 @@ class SqlTurnJournal:
         self.store = store
         store.create_all(journal_metadata)
         insert_if_new = _insert_lease_if_new(store.engine.dialect.name)
-        self._insert_if_new = None if insert_if_new is None else FastStatement(insert_if_new)
+        self._insert_if_new = None if insert_if_new is None else FastStatement.of(insert_if_new)
         # PostgreSQL (read committed): the insert's NOT EXISTS sees the snapshots committed
         # when the statement began. If it then waited on the lease row of a run whose
         # ending snapshot was committing, that snapshot is visible only to a new statement.
