@@ -460,6 +460,22 @@ def test_two_stores_share_one_database(sql_store: SqlSessionStore) -> None:
         other.close()
 
 
+def test_a_thread_gets_the_connection_it_gave_back_last(sql_store: SqlSessionStore) -> None:
+    """The pool hands out the most recently returned connection first, so one thread
+    doing transaction after transaction keeps using one warm connection."""
+    engine = sql_store.engine
+    first, second = engine.connect(), engine.connect()
+    a, b = first.connection.dbapi_connection, second.connection.dbapi_connection
+    assert a is not b
+    first.close()
+    second.close()  # returned last
+    for _ in range(3):
+        with engine.connect() as conn:
+            assert conn.connection.dbapi_connection is b
+        with sql_store.writer().begin() as conn:
+            assert conn.connection.dbapi_connection is b
+
+
 def test_in_memory_sqlite_url() -> None:
     with SqlSessionStore("sqlite://") as mem:
         mem.save_snapshot(snap("m", messages=[msg("1"), msg("2")]))
@@ -591,18 +607,17 @@ def test_postgres_a_failed_ping_retires_the_older_connections_too(
     pg_url: str, pg_admin: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The server dropped every connection; the first one checked out sat idle long
-    enough to be pinged, the second was used a moment ago. The failed ping retires both,
-    so neither call fails."""
+    enough to be pinged, the second counts as used a moment ago (no ping). The failed
+    ping retires both, so neither call fails."""
     import interlock.stores.sql as sql_module
 
-    monkeypatch.setattr(sql_module, "PING_AFTER", 0.5)
     store = SqlSessionStore(pg_url)
     try:
         store.save_snapshot(snap("m1"))
         first, second = store.engine.connect(), store.engine.connect()
-        first.close()  # back in the pool first: idle the longest, checked out first
-        time.sleep(0.7)
+        first.close()
         second.close()
+        time.sleep(0.2)
         name = make_url(pg_url).database
         admin = create_engine(pg_admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
         with admin.connect() as conn:
@@ -614,9 +629,12 @@ def test_postgres_a_failed_ping_retires_the_older_connections_too(
                 {"d": name},
             )
         admin.dispose()
-        with store.engine.connect() as a, store.engine.connect() as b:
-            assert a.execute(text("SELECT 1")).scalar_one() == 1
-            assert b.execute(text("SELECT 1")).scalar_one() == 1
+        monkeypatch.setattr(sql_module, "PING_AFTER", 0.1)  # idle long enough: pinged
+        with store.engine.connect() as a:
+            monkeypatch.setattr(sql_module, "PING_AFTER", 3600.0)  # recent enough: not
+            with store.engine.connect() as b:
+                assert a.execute(text("SELECT 1")).scalar_one() == 1
+                assert b.execute(text("SELECT 1")).scalar_one() == 1
     finally:
         store.close()
 

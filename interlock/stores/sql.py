@@ -270,8 +270,16 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     FULL, waits for the disk at every commit. PostgreSQL (`postgresql+psycopg://...`):
     a pooled connection that sat idle for `PING_AFTER` seconds or more is pinged before
     use (`pool_pre_ping=True` pings at every checkout instead).
+
+    Both hand out the most recently returned pooled connection first (`pool_use_lifo`,
+    unless `poolclass` is given): a thread doing one transaction after another keeps
+    one warm connection (SQLite reloads the pages a connection cached once another
+    connection has written, so rotating through the pool costs reads), and the others
+    sit idle, to be pinged or dropped, instead of taking turns.
     """
     sa_url = make_url(url)
+    if "poolclass" not in kwargs:
+        kwargs.setdefault("pool_use_lifo", True)
     if sa_url.get_backend_name() == "postgresql":
         ping_idle = "pool_pre_ping" not in kwargs
         pg_engine = create_engine(sa_url, **kwargs)
@@ -307,7 +315,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     connect_args.setdefault("timeout", 30)
     if memory:
         connect_args.setdefault("check_same_thread", False)
-        kwargs.setdefault("poolclass", _SharedMemoryPool)
+        if kwargs.get("poolclass") is None:
+            kwargs.pop("pool_use_lifo", None)  # one shared connection: no order to choose
+            kwargs["poolclass"] = _SharedMemoryPool
     engine = create_engine(sa_url, connect_args=connect_args, **kwargs)
     write_lock = _WriteLock.beside(sa_url.database) if not memory else None
 
