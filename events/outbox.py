@@ -7,7 +7,7 @@ A process publishes the rows it wrote itself from memory: `add` keeps what the e
 needs beside the row, and the outbox takes it as publishable only once the row's
 transaction has committed (SQLAlchemy's events tell; a rolled-back row is dropped and
 never published). Published rows are marked sent (and their resume tokens erased) in
-one transaction for many rows, a few milliseconds later (`MARK_DELAY`), by a
+one transaction for many rows, up to a quarter of a second later (`MARK_DELAY`), by a
 thread of the process, so the turn path pays no read and no write for them.
 
 Rows of other processes a relay sweeps only once they are `SWEEP_GRACE` seconds old,
@@ -107,10 +107,14 @@ SWEEP_INTERVAL = 1.0
 """A relay's `flush()` sweeps the whole table at most this often (its own rows go out
 on every flush)."""
 
-MARK_DELAY = 0.02
+MARK_DELAY = 0.25
 """Seconds a published row waits to be marked sent (its resume token erased), so that
-one transaction marks the rows published meanwhile. Short: the plaintext token should
-not outlive the publish by more than that. Must stay well below `SWEEP_GRACE`."""
+one transaction marks the rows published meanwhile. A busy worker publishes an event
+every few milliseconds: each marking transaction is one more writer for the database
+(on SQLite, one more turn at its single write lock), so the longer the wait, the fewer
+there are (at 20 ms they cost a busy worker about a tenth of its CPU). Short all the
+same: the plaintext token should not outlive the publish by much (the published event
+itself carries it to the queue's readers). Must stay well below `SWEEP_GRACE`."""
 
 _MARK_RETRY = 1.0
 """Seconds the marking thread waits after a failed attempt (the store is unreachable)."""
