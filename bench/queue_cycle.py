@@ -16,16 +16,19 @@ One cycle (ours), on a new session each time:
 
 The baseline (bench/queue_baseline.py) has the same shape with nothing but Celery and
 kombu: task A publishes a message, the bench replies on a second queue, a kombu
-consumer process enqueues task B, B publishes "done".
+consumer thread (of the bench's process) enqueues task B, B publishes "done". It runs a
+second time with that consumer in a process of its own, like the resume consumer
+(`celery_baseline_process`): a reference, not the target's.
 
-Both run with 1 and with 8 cycles in flight (a pipeline that starts a new cycle as soon
+All run with 1 and with 8 cycles in flight (a pipeline that starts a new cycle as soon
 as one ends; one connection reads the events and dispatches them by session id), in
 interleaved rounds, after a warm-up.
 
     python -m bench.queue_cycle [--cycles N] [--rounds R] [--quick] [--pg | --store URL]
 
 Prints one JSON line: cycles/s, median and p99 ms per cycle for each system and
-in-flight level, ours divided by the baseline (ratios; goal >= 0.8), the versions.
+in-flight level, ours divided by the baseline (ratios; goal >= 0.8) and by the
+process-consumer baseline, the versions.
 """
 
 from __future__ import annotations
@@ -91,6 +94,13 @@ _PACKAGES = (
 )
 
 FIRST, DONE, FAILED, OTHER = "first", "done", "failed", "other"
+
+BASELINE = "celery_baseline"
+"""Bare Celery as specified: its reply consumer a thread of the benchmark's process. The
+target's ratios (`ratios`) are against it."""
+BASELINE_PROCESS = "celery_baseline_process"
+"""Bare Celery with its reply consumer in a process of its own, like Interlock's resume
+consumer (`ratios_vs_process_consumer`)."""
 
 
 # ---------------------------------------------------------------- reading and replying
@@ -168,6 +178,14 @@ class System:
     def check_done(self, body: dict[str, Any]) -> None:
         """Raise when a completed cycle is not what it should be."""
 
+    def thread_cpu(self) -> dict[str, float]:
+        """CPU seconds so far of this system's threads in the benchmark's process, by
+        group (counted there, not as the benchmark's own)."""
+        return {}
+
+    def close(self) -> None:
+        self.reader.close()
+
     def check_alive(self) -> None:
         for process in self.processes:
             process.check()
@@ -228,25 +246,56 @@ class Ours(System):
 
 
 class Baseline(System):
-    name = "celery_baseline"
+    """Bare Celery. Its reply consumer is a thread of this process (`consumer=None`: the
+    baseline as the benchmark's specification has it, "a consumer thread enqueues task
+    B") or the given process (a process of its own, like Interlock's resume consumer)."""
 
-    def __init__(self, broker_url: str, processes: list[Process], redis: Process) -> None:
+    def __init__(
+        self, broker_url: str, worker: Process, redis: Process, consumer: Process | None = None
+    ) -> None:
         from . import queue_baseline as qb
 
         self.app = qb.make_app(broker_url)
-        self.processes = processes
-        self.cpu_groups = {"worker": processes[0], "consumer": processes[1], "redis": redis}
+        self.thread: qb.ConsumerThread | None = None
+        self.cpu_groups = {"worker": worker, "redis": redis}
         options = self.app.conf.broker_transport_options
-        self.reader = Reader(broker_url, qb.EVENTS_QUEUE, options)
+        if consumer is None:
+            self.name = BASELINE
+            self.processes = [worker]
+            events, self._replies = qb.EVENTS_THREAD_QUEUE, qb.REPLIES_THREAD
+        else:
+            self.name = BASELINE_PROCESS
+            self.processes = [worker, consumer]
+            self.cpu_groups["consumer"] = consumer
+            events, self._replies = qb.EVENTS_QUEUE, qb.REPLIES
+        self.reader = Reader(broker_url, events, options)
         with self.reader.conn.channel() as channel:
             for queue in qb.QUEUES:
                 queue.bind(channel).declare()
-        self._replies = qb.REPLIES
+        self._events = events.name
+        if consumer is None:
+            self.thread = qb.ConsumerThread(broker_url)
 
     def submit(self) -> str:
         cycle_id = str(uuid.uuid4())
-        self.app.send_task("bench.a", args=[cycle_id])
+        self.app.send_task("bench.a", args=[cycle_id, self._events])
         return cycle_id
+
+    def check_alive(self) -> None:
+        super().check_alive()
+        if self.thread is not None and not self.thread.alive():
+            raise RuntimeError(f"{self.name}: the reply consumer thread stopped")
+
+    def thread_cpu(self) -> dict[str, float]:
+        seconds = None if self.thread is None else self.thread.cpu_seconds()
+        return {} if seconds is None else {"consumer": seconds}
+
+    def close(self) -> None:
+        try:
+            if self.thread is not None:
+                self.thread.stop()
+        finally:
+            self.reader.close()
 
     def classify(self, body: dict[str, Any]) -> tuple[str | None, str]:
         kind = body.get("kind")
@@ -344,6 +393,9 @@ def _cpu(system: System) -> dict[str, float]:
             found[name] = seconds
     times = os.times()
     found["bench"] = times.user + times.system
+    for name, seconds in system.thread_cpu().items():
+        found[name] = seconds
+        found["bench"] -= seconds
     return found
 
 
@@ -355,7 +407,9 @@ def _figures(batches: list[Batch]) -> dict[str, Any]:
     for b in batches:
         for name, seconds in b.cpu_s.items():
             cpu[name] = cpu.get(name, 0.0) + seconds
-    cpu_ms = {name: round(seconds * 1000 / cycles, 2) for name, seconds in cpu.items()}
+    order = ("worker", "consumer", "redis", "bench")
+    names = sorted(cpu, key=lambda n: order.index(n) if n in order else len(order))
+    cpu_ms = {name: round(cpu[name] * 1000 / cycles, 2) for name in names}
     if cpu_ms:
         cpu_ms["total"] = round(sum(cpu.values()) * 1000 / cycles, 2)
     return {
@@ -529,10 +583,12 @@ def run(
 
         redis = procs.started[0]
         ours = Ours(broker_url, store_url, ours_procs, redis)
-        stack.callback(ours.reader.close)
-        base = Baseline(broker_url, base_procs, redis)
-        stack.callback(base.reader.close)
-        systems: list[System] = [ours, base]
+        stack.callback(ours.close)
+        base = Baseline(broker_url, base_procs[0], redis)
+        stack.callback(base.close)
+        base_process = Baseline(broker_url, base_procs[0], redis, consumer=base_procs[1])
+        stack.callback(base_process.close)
+        systems: list[System] = [ours, base, base_process]
 
         for level in levels if warmup else ():  # connections, imports, caches, pages
             for system in systems:
@@ -545,7 +601,7 @@ def run(
         counts = [cycles // rounds + (1 if r < cycles % rounds else 0) for r in range(rounds)]
         for r, count in enumerate(counts):
             for level in levels:
-                order = systems[r % 2 :] + systems[: r % 2]
+                order = systems[r % len(systems) :] + systems[: r % len(systems)]
                 for system in order:
                     batch = pipeline(system, level, count, ramp=level)
                     by_level[level][system.name].append(batch)
@@ -554,13 +610,18 @@ def run(
     results: dict[str, Any] = {}
     ratios: dict[str, float | None] = {}
     round_medians: dict[str, float | None] = {}
+    vs_process: dict[str, float | None] = {}
     targets: dict[str, Any] = {}
+
+    def ratio_of(figures: dict[str, Any], other: str) -> float | None:
+        a, b = figures[ours.name]["cycles_per_s"], figures[other]["cycles_per_s"]
+        return round(a / b, 2) if a and b else None
+
     for level in levels:
         label = f"in_flight_{level}"
         figures = {name: _figures(batches) for name, batches in by_level[level].items()}
         results[label] = figures
-        a, b = figures[ours.name]["cycles_per_s"], figures[base.name]["cycles_per_s"]
-        ratio = round(a / b, 2) if a and b else None
+        ratio = ratio_of(figures, base.name)
         per_round = [
             o.rate / p.rate
             for o, p in zip(by_level[level][ours.name], by_level[level][base.name], strict=True)
@@ -568,6 +629,7 @@ def run(
         ]
         ratios[label] = ratio
         round_medians[label] = round(statistics.median(per_round), 2) if per_round else None
+        vs_process[label] = ratio_of(figures, base_process.name)
         targets[label] = {
             "goal": f">= {TARGET}x",
             "ratio": ratio,
@@ -586,15 +648,19 @@ def run(
         "results": results,
         "ratios": ratios,
         "ratios_round_median": round_medians,
+        "ratios_vs_process_consumer": vs_process,
         "targets": targets,
         "notes": [
             "cycles_per_s: completed cycles over the wall time of the timed window "
             "(steady state: the first `in_flight` completions of each batch are a ramp, "
             "not timed); median_ms/p99_ms: submit to completed, per cycle",
-            "ratios: interlock cycles/s divided by celery_baseline cycles/s",
+            f"ratios: interlock cycles/s divided by {BASELINE}'s (reply consumer: a thread "
+            f"of the benchmark's process); ratios_vs_process_consumer: by {BASELINE_PROCESS}'s "
+            "(reply consumer: a process of its own, like the resume consumer)",
             "cpu_ms_per_cycle: CPU time (user + system) of each process group over whole "
-            "batches (ramp and drain included) per cycle: worker (parent and pool), consumer, "
-            "redis-server (shared: the other system is idle meanwhile), bench (this process)",
+            "batches (ramp and drain included) per cycle: worker (parent and pool), consumer "
+            f"(for {BASELINE}, its thread), redis-server (shared: the other systems are idle "
+            "meanwhile), bench (this process, without that thread)",
         ],
         "git": _git_state(),
         "versions": _versions(pg_version),
