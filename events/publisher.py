@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from kombu.connection import Connection
-from kombu.entity import Exchange
+from kombu.entity import Exchange, Queue
 from kombu.messaging import Producer
 
 from schemas import Decision, EventBase
@@ -82,19 +82,29 @@ class Publisher:
             body = decision
         self._publish(body, DECISIONS.exchange, DECISIONS.routing_key)
 
-    def dead_letter(self, body: bytes, reason: str, headers: dict[str, Any]) -> None:
-        """Keep an unreadable decision on `interlock.decisions.dead`, with the reason."""
-        assert DECISIONS_DEAD.exchange is not None
+    def dead_letter(
+        self,
+        body: bytes,
+        reason: str,
+        headers: dict[str, Any],
+        *,
+        queue: Queue = DECISIONS_DEAD,
+        **fields: Any,
+    ) -> None:
+        """Keep an unreadable message on a dead-letter queue (by default
+        `interlock.decisions.dead`), with the reason; `fields` go into the envelope."""
+        assert queue.exchange is not None
         envelope = {
             "reason": reason,
             "headers": {k: str(v) for k, v in headers.items()},
+            **fields,
             "body": body.decode("utf-8", errors="replace"),
             "body_base64": base64.b64encode(body).decode(),
         }
         self._publish(
             json.dumps(envelope),
-            DECISIONS_DEAD.exchange,
-            DECISIONS_DEAD.routing_key,
+            queue.exchange,
+            queue.routing_key,
             headers={"x-reason": reason[:500]},
         )
 

@@ -12,6 +12,7 @@ __all__ = [
     "EVENTS",
     "INTERRUPTED",
     "TURNS",
+    "TURNS_DEAD",
     "TURNS_QUEUE",
     "all_queues",
     "event_queue",
@@ -42,6 +43,12 @@ DECISIONS_DEAD = Queue(
 )
 """Decisions that could not be parsed, kept with the reason."""
 
+TURNS_DEAD = Queue(
+    "interlock.turns.dead", DEAD_EXCHANGE, routing_key="interlock.turns.dead", durable=True
+)
+"""Messages on `interlock.turns` that are no task a worker can run (undecodable, not a
+Celery task message, a task other than `interlock.run_turn`), kept with the reason."""
+
 
 def event_queue(
     name: str, pattern: str = "#", *, durable: bool = True, auto_delete: bool = False
@@ -53,4 +60,4 @@ def event_queue(
 
 def all_queues() -> list[Queue]:
     """The queues Interlock declares."""
-    return [TURNS_QUEUE, INTERRUPTED, DECISIONS, DECISIONS_DEAD]
+    return [TURNS_QUEUE, INTERRUPTED, DECISIONS, DECISIONS_DEAD, TURNS_DEAD]

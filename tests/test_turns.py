@@ -29,7 +29,7 @@ from schemas import Decision, FinishReason, SnapshotStatus
 from workers.decisions import evaluate
 from workers.runtime import Runtime
 from workers.settings import Settings
-from workers.turns import new_turn_request, run_turn
+from workers.turns import new_turn_request, run_task, run_turn
 
 
 @pytest.fixture
@@ -176,6 +176,48 @@ def test_a_task_argument_that_is_no_object_is_answered(rt: Runtime) -> None:
     [event] = _failed_bodies(rt)
     assert (event["turn_id"], event["agent"]) == (None, None)
     assert event["error"]["message"].startswith("invalid run_turn request: ")
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "got"),
+    [
+        ((), {}, "got 0 positional arguments"),
+        (("x", "y"), {}, "got 2 positional arguments"),
+        (("x",), {"extra": 1}, "got 1 positional argument and keyword arguments ['extra']"),
+        ((), {"request": {}, "other": 2}, "keyword arguments ['other', 'request']"),
+    ],
+    ids=["none", "two", "extra-keyword", "request-and-more"],
+)
+def test_a_task_with_other_arguments_than_one_request_is_answered(
+    rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any], got: str
+) -> None:
+    """Celery would fail such a task with a TypeError and drop it; it is answered
+    instead, with one turn.failed (INVALID_ARGUMENT) saying what it was given."""
+    result = run_task(rt, args, kwargs)
+    assert result["error"]["status"] == "INVALID_ARGUMENT", result
+    message = result["error"]["message"]
+    assert message.startswith("invalid run_turn request: the task takes one argument"), message
+    assert got in message, message
+    [event] = _failed_bodies(rt)
+    assert event["error"] == result["error"]
+
+
+def test_a_task_names_its_request_positionally_or_by_keyword(rt: Runtime) -> None:
+    for call in ("positional", "keyword"):
+        request = _message("Transfer $4 to either-way", str(uuid.uuid4()))
+        args, kwargs = ((request,), {}) if call == "positional" else ((), {"request": request})
+        result = run_task(rt, args, kwargs)
+        assert result["finish_reason"] == "interrupted", (call, result)
+        assert result["turn_id"] == request["turn_id"]
+    assert _failed_bodies(rt) == []
+
+
+def test_two_arguments_carry_the_first_ones_ids_into_turn_failed(rt: Runtime) -> None:
+    request = _message("Transfer $5 to two-args", "s-two-args")
+    result = run_task(rt, (request, "extra"), {})
+    assert result["turn_id"] == request["turn_id"]
+    [event] = _failed_bodies(rt)
+    assert (event["turn_id"], event["session_id"]) == (request["turn_id"], "s-two-args")
 
 
 def test_a_pause_made_without_the_outbox_still_needs_a_token(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from schemas import TurnRequest
 
 from .runtime import Runtime
 from .settings import Settings
-from .turns import RETRIED, TurnBusy, run_turn
+from .turns import RETRIED, TurnBusy, run_task
 
 __all__ = ["RUN_TURN", "create_app", "delivery_config", "runtime_of", "send_turn", "turn_summary"]
 
@@ -51,6 +51,8 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
         task_default_queue=TURNS,
         task_queues=[TURNS_QUEUE],
         task_routes={RUN_TURN: {"queue": TURNS}},
+        # What a worker cannot run is kept on interlock.turns.dead, not dropped.
+        worker_consumer="workers.task_consumer:TaskConsumer",
     )
     runtime = Runtime(settings, registry)
     app.interlock_runtime = runtime
@@ -63,9 +65,9 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
         retry_backoff_max=30,
         max_retries=20,
     )
-    def run_turn_task(self: Any, request: dict[str, Any]) -> dict[str, Any]:
+    def run_turn_task(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         try:
-            return run_turn(runtime, request)
+            return run_task(runtime, args, kwargs)
         except TurnBusy as busy:
             # Never two runs of one turn at once: look again once the lease may be free.
             raise self.retry(

@@ -23,7 +23,7 @@ from schemas import SnapshotStatus, TurnFailed, TurnRequest
 from .decisions import unstorable
 from .runtime import Runtime
 
-__all__ = ["RETRIED", "TurnBusy", "new_turn_request", "run_turn"]
+__all__ = ["RETRIED", "TurnBusy", "new_turn_request", "run_task", "run_turn"]
 
 log = logging.getLogger("interlock.worker")
 
@@ -47,6 +47,26 @@ them (the turn then goes on where it stood). Any other error is the turn's answe
 
 class TurnBusy(Exception):
     """Another worker holds this turn's lease: try again later, never concurrently."""
+
+
+def run_task(rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`run_turn` on the task's one argument, the turn request (positional, or
+    `request=`). A task message with any other arguments is refused like a request that
+    is no turn request (turn.failed, INVALID_ARGUMENT), where Celery would fail it with
+    a TypeError and drop it."""
+    if len(args) == 1 and not kwargs:
+        return run_turn(rt, args[0])
+    if not args and set(kwargs) == {"request"}:
+        return run_turn(rt, kwargs["request"])
+    given = f"{len(args)} positional argument{'s' if len(args) != 1 else ''}"
+    if kwargs:
+        given += f" and keyword arguments {sorted(kwargs)}"
+    first = args[0] if args else kwargs.get("request")  # whose ids turn.failed may carry
+    return _unreadable(
+        rt,
+        first,
+        f"invalid run_turn request: the task takes one argument, the request; got {given}",
+    )
 
 
 def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,219 @@
+"""Bad messages on `interlock.turns` against a real worker: what it cannot run as a task
+(an undecodable body, a content type it refuses, no Celery task headers, a task it does
+not know) is kept on `interlock.turns.dead` with the reason and the bytes as sent, and
+gone from `interlock.turns`; a task with the wrong arguments is answered with
+turn.failed; the worker goes on serving turns."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from kombu.connection import Connection
+from kombu.messaging import Producer
+from queue_helpers import Dashboard, QueueReader, QueueStack, dashboard_for, module_stack
+
+from events.topology import TURNS, TURNS_DEAD
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, pg_admin: str) -> Iterator[QueueStack]:
+    with module_stack(tmp_path_factory.mktemp("bad-tasks"), pg_admin) as queue_stack:
+        yield queue_stack
+
+
+@pytest.fixture
+def dash(stack: QueueStack, request: pytest.FixtureRequest) -> Iterator[Dashboard]:
+    with dashboard_for(stack, request) as dashboard:
+        yield dashboard
+
+
+def celery_headers(task: str = "interlock.run_turn", **extra: Any) -> dict[str, Any]:
+    """The headers of a Celery (protocol 2) task message, as a client in another
+    language would write them."""
+    task_id = str(uuid.uuid4())
+    return {
+        "lang": "py",
+        "task": task,
+        "id": task_id,
+        "root_id": task_id,
+        "parent_id": None,
+        "group": None,
+        "retries": 0,
+        "eta": None,
+        "expires": None,
+        "argsrepr": "()",
+        "kwargsrepr": "{}",
+        **extra,
+    }
+
+
+def put_on_turns(
+    stack: QueueStack, body: bytes, content_type: str, headers: dict[str, Any]
+) -> None:
+    with Connection(stack.broker_url) as conn:
+        producer = Producer(conn)
+        producer.publish(
+            body,
+            exchange=TURNS,
+            routing_key=TURNS,
+            content_type=content_type,
+            content_encoding="utf-8" if content_type == "application/json" else "binary",
+            headers=headers,
+            delivery_mode=2,
+        )
+
+
+def kept(
+    stack: QueueStack, body: bytes, content_type: str, headers: dict[str, Any]
+) -> dict[str, Any]:
+    """Put a message on interlock.turns; return its dead letter (found by a nonce)."""
+    nonce = str(uuid.uuid4())
+    dead = QueueReader(stack.broker_url, TURNS_DEAD)
+    try:
+        put_on_turns(stack, body, content_type, {**headers, "x-test-nonce": nonce})
+        envelope, dead_headers, dead_type = dead.wait(
+            lambda m: m.get("headers", {}).get("x-test-nonce") == nonce,
+            "the message on interlock.turns.dead",
+        )
+    finally:
+        dead.close()
+    assert dead_type == "application/json"
+    assert base64.b64decode(envelope["body_base64"]) == body, "the bytes as they were sent"
+    assert envelope["content_type"] == content_type
+    assert dead_headers.get("x-reason") == envelope["reason"][:500]
+    assert_gone(stack, nonce)
+    return envelope
+
+
+def assert_gone(stack: QueueStack, nonce: str) -> None:
+    """Not left on interlock.turns, nor held unacknowledged by the worker (it would come
+    back after the visibility timeout)."""
+    client = redis.Redis.from_url(stack.broker_url)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            waiting = [m for m in client.lrange(TURNS, 0, -1) if nonce.encode() in m]
+            unacked = [
+                v
+                for key in client.scan_iter("*unacked*")
+                if client.type(key) == b"hash"
+                for v in client.hvals(key)
+                if nonce.encode() in v
+            ]
+            if not waiting and not unacked:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"still on {TURNS}: {waiting!r}; unacked: {unacked!r}")
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
+def still_serving(dash: Dashboard) -> None:
+    paused = dash.paused(f"Transfer $7 to after-{uuid.uuid4().hex[:6]}")
+    done = dash.resolve(paused)
+    assert done.type == "turn.completed", done.model_dump_json()
+
+
+def test_an_undecodable_body_is_kept_with_the_reason(stack: QueueStack, dash: Dashboard) -> None:
+    body = b'[[{"turn_id": "t-1", '  # cut short
+    envelope = kept(stack, body, "application/json", celery_headers())
+    assert envelope["reason"].startswith("the task message cannot be decoded: "), envelope
+    assert envelope["headers"]["task"] == "interlock.run_turn"
+    assert envelope["body"] == body.decode()
+    still_serving(dash)
+
+
+def test_a_pickled_task_is_kept_and_never_unpickled(stack: QueueStack, dash: Dashboard) -> None:
+    body = pickle.dumps(((), {}, {}))
+    envelope = kept(stack, body, "application/x-python-serialize", celery_headers())
+    assert envelope["reason"].startswith("invalid task message: "), envelope
+    assert "pickle" in envelope["reason"], envelope
+    still_serving(dash)
+
+
+def test_an_unknown_task_is_kept_with_its_name(stack: QueueStack, dash: Dashboard) -> None:
+    body = json.dumps([["x"], {}, {"callbacks": None, "errbacks": None}]).encode()
+    envelope = kept(stack, body, "application/json", celery_headers(task="interlock.run_tunr"))
+    assert envelope["reason"] == (
+        "unknown task 'interlock.run_tunr': this queue runs interlock.run_turn"
+    ), envelope
+    still_serving(dash)
+
+
+def test_a_message_that_is_no_task_is_kept(stack: QueueStack, dash: Dashboard) -> None:
+    """A decision sent to the wrong queue, say: no Celery headers at all."""
+    body = json.dumps({"schema_version": 1, "decision_id": str(uuid.uuid4())}).encode()
+    envelope = kept(stack, body, "application/json", {})
+    assert envelope["reason"] == "not a Celery task message: it names no task", envelope
+    assert json.loads(envelope["body"])["schema_version"] == 1
+    still_serving(dash)
+
+
+def test_a_task_with_no_argument_is_answered_with_turn_failed(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    headers = celery_headers()
+    body = json.dumps([[], {}, {"callbacks": None, "errbacks": None}]).encode()
+    put_on_turns(stack, body, "application/json", headers)
+    failed = dash.wait(
+        lambda e: e.type == "turn.failed" and "got 0 positional arguments" in e.model_dump_json(),
+        "turn.failed for a task with no argument",
+    )
+    wire = failed.model_dump(mode="json")
+    assert wire["error"]["status"] == "INVALID_ARGUMENT", wire
+    assert wire["error"]["message"] == (
+        "invalid run_turn request: the task takes one argument, the request; "
+        "got 0 positional arguments"
+    )
+    assert_gone(stack, headers["id"])
+    still_serving(dash)
+
+
+class _Received:
+    """What the consumer is handed for a message (only what it reads of one)."""
+
+    def __init__(self) -> None:
+        self.body = b"\x80not json"
+        self.headers = {"task": "interlock.run_turn", "id": "t-unreachable"}
+        self.content_type = "application/json"
+        self.content_encoding = "utf-8"
+        self.acked = False
+
+    def ack(self) -> None:
+        self.acked = True
+
+
+def test_a_dead_letter_the_broker_refuses_leaves_the_message_to_the_broker(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker cannot take the dead letter (here: nothing listens where it should
+    be): the message is not acked, so the broker delivers it again later."""
+    import socket
+
+    import events.publisher as publisher_module
+    from workers.app import create_app
+    from workers.settings import Settings
+    from workers.task_consumer import TaskConsumer
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setitem(publisher_module.RETRY_POLICY, "max_retries", 1)
+    monkeypatch.setitem(publisher_module.RETRY_POLICY, "interval_start", 0)
+    app = create_app(Settings(broker_url=f"redis://127.0.0.1:{port}/0"))
+    consumer = object.__new__(TaskConsumer)  # its message callbacks need no running worker
+    consumer.app = app
+    message = _Received()
+    consumer.on_decode_error(message, ValueError("not JSON"))  # type: ignore[arg-type]
+    assert not message.acked
+    assert "could not keep an unrunnable message on interlock.turns.dead" in caplog.text
+    assert "left to the broker, to be delivered again" in caplog.text

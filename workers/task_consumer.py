@@ -1,0 +1,83 @@
+"""The worker's task consumer: a message on `interlock.turns` that is no task the worker
+can run is kept on `interlock.turns.dead`, with the reason, instead of being dropped.
+
+Celery acks or rejects such a message after logging it (an undecodable body, a body of
+a content type it does not accept, such as pickle, a message without Celery's task
+headers, a task it does not know): on Redis, and on RabbitMQ without a dead-letter
+exchange, it is gone. This consumer first publishes it, as received, to the dead-letter
+queue, then lets Celery go on as before (its log line, the ack). If the broker refuses
+the dead letter, the message is neither acked nor rejected: it stays the broker's, and
+comes back when the worker reconnects (on Redis, after the visibility timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.worker.consumer import Consumer
+from kombu.message import Message
+
+from events.publisher import Publisher
+from events.topology import TURNS_DEAD
+
+from .app import runtime_of
+
+__all__ = ["TaskConsumer"]
+
+log = logging.getLogger("interlock.worker")
+
+
+class TaskConsumer(Consumer):  # type: ignore[misc]
+    """Celery's worker consumer, keeping what it cannot run (`worker_consumer`)."""
+
+    def on_decode_error(self, message: Message, exc: Exception) -> None:
+        if self._keep(message, f"the task message cannot be decoded: {exc}"):
+            super().on_decode_error(message, exc)
+
+    def on_unknown_message(self, body: Any, message: Message) -> None:
+        if self._keep(message, "not a Celery task message: it names no task"):
+            super().on_unknown_message(body, message)
+
+    def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
+        name = _header(message, "task")
+        reason = f"unknown task {name!r}: this queue runs interlock.run_turn"
+        if self._keep(message, reason):
+            super().on_unknown_task(body, message, exc)
+
+    def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
+        if self._keep(message, f"invalid task message: {exc}"):
+            super().on_invalid_task(body, message, exc)
+
+    def _keep(self, message: Message, reason: str) -> bool:
+        """Publish `message` to `interlock.turns.dead`; False when that failed."""
+        raw = message.body
+        body = raw if isinstance(raw, bytes) else str(raw).encode("utf-8", "surrogateescape")
+        headers = message.headers if isinstance(message.headers, dict) else {}
+        try:
+            # A connection of its own, closed at once: this runs in the prefork parent,
+            # whose children must not inherit an open broker connection.
+            with runtime_of(self.app).connection() as connection:
+                Publisher(connection).dead_letter(
+                    body,
+                    reason,
+                    headers,
+                    queue=TURNS_DEAD,
+                    content_type=message.content_type,
+                    content_encoding=message.content_encoding,
+                )
+        except Exception:
+            log.exception(
+                "could not keep an unrunnable message on %s (%s); it is left to the "
+                "broker, to be delivered again",
+                TURNS_DEAD.name,
+                reason,
+            )
+            return False
+        log.error("kept a message of interlock.turns on %s: %s", TURNS_DEAD.name, reason)
+        return True
+
+
+def _header(message: Message, key: str) -> Any:
+    headers = message.headers
+    return headers.get(key) if isinstance(headers, dict) else None
