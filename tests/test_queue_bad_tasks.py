@@ -181,22 +181,20 @@ def test_a_task_with_no_argument_is_answered_with_turn_failed(
 class _Received:
     """What the consumer is handed for a message (only what it reads of one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, exchange: str = "interlock.turns") -> None:
         self.body = b"\x80not json"
         self.headers = {"task": "interlock.run_turn", "id": "t-unreachable"}
         self.content_type = "application/json"
         self.content_encoding = "utf-8"
+        self.delivery_info = {"exchange": exchange, "routing_key": "interlock.turns"}
         self.acked = False
 
     def ack(self) -> None:
         self.acked = True
 
 
-def test_a_dead_letter_the_broker_refuses_leaves_the_message_to_the_broker(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The broker cannot take the dead letter (here: nothing listens where it should
-    be): the message is not acked, so the broker delivers it again later."""
+def _unreachable_consumer(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The worker's task consumer of an app whose broker nothing listens for."""
     import socket
 
     import events.publisher as publisher_module
@@ -212,8 +210,30 @@ def test_a_dead_letter_the_broker_refuses_leaves_the_message_to_the_broker(
     app = create_app(Settings(broker_url=f"redis://127.0.0.1:{port}/0"))
     consumer = object.__new__(TaskConsumer)  # its message callbacks need no running worker
     consumer.app = app
+    return consumer
+
+
+def test_a_dead_letter_the_broker_refuses_leaves_the_message_to_the_broker(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker cannot take the dead letter (here: nothing listens where it should
+    be): the message is not acked, so the broker delivers it again later."""
+    consumer = _unreachable_consumer(monkeypatch)
     message = _Received()
-    consumer.on_decode_error(message, ValueError("not JSON"))  # type: ignore[arg-type]
+    consumer.on_decode_error(message, ValueError("not JSON"))
     assert not message.acked
     assert "could not keep an unrunnable message on interlock.turns.dead" in caplog.text
     assert "left to the broker, to be delivered again" in caplog.text
+
+
+def test_an_undecodable_remote_control_message_goes_celerys_way(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Celery's own messages (the worker's remote control, on `celery.pidbox`) share
+    the decode-error callback: they are not kept on interlock.turns.dead."""
+    consumer = _unreachable_consumer(monkeypatch)
+    message = _Received(exchange="celery.pidbox")
+    message.delivery_info["routing_key"] = ""
+    consumer.on_decode_error(message, ValueError("not JSON"))
+    assert message.acked, "Celery acks it after logging it"
+    assert "interlock.turns.dead" not in caplog.text

@@ -19,7 +19,7 @@ from celery.worker.consumer import Consumer
 from kombu.message import Message
 
 from events.publisher import Publisher
-from events.topology import TURNS_DEAD
+from events.topology import TURNS, TURNS_DEAD
 
 from .app import runtime_of
 
@@ -32,7 +32,11 @@ class TaskConsumer(Consumer):  # type: ignore[misc]
     """Celery's worker consumer, keeping what it cannot run (`worker_consumer`)."""
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
-        if self._keep(message, f"the task message cannot be decoded: {exc}"):
+        # Also called for the worker's remote-control (pidbox) messages: those are
+        # Celery's own, and go Celery's way.
+        if not _from_turns(message) or self._keep(
+            message, f"the task message cannot be decoded: {exc}"
+        ):
             super().on_decode_error(message, exc)
 
     def on_unknown_message(self, body: Any, message: Message) -> None:
@@ -76,6 +80,13 @@ class TaskConsumer(Consumer):  # type: ignore[misc]
             return False
         log.error("kept a message of interlock.turns on %s: %s", TURNS_DEAD.name, reason)
         return True
+
+
+def _from_turns(message: Message) -> bool:
+    """Whether `message` was sent to `interlock.turns` (its exchange, or the default
+    exchange with that routing key)."""
+    info = message.delivery_info if isinstance(message.delivery_info, dict) else {}
+    return TURNS in (info.get("exchange"), info.get("routing_key"))
 
 
 def _header(message: Message, key: str) -> Any:
