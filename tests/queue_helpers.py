@@ -58,7 +58,7 @@ from services import create_pg_database, drop_pg_database, service_unavailable, 
 
 from events.publisher import Publisher
 from events.stream import EventStream
-from events.topology import DECISIONS_DEAD, INTERRUPTED, all_queues, event_queue
+from events.topology import DECISIONS_DEAD, INTERRUPTED, TURNS, TURNS_DEAD, all_queues, event_queue
 from schemas import EventBase
 
 __all__ = [
@@ -563,6 +563,44 @@ class Dashboard:
         self.paused("Transfer $1 to barrier")
 
 
+# ---------------------------------------------------------------- raw task messages
+
+
+def celery_headers(task: str = "interlock.run_turn", **extra: Any) -> dict[str, Any]:
+    """The headers of a Celery (protocol 2) task message, as a client in another
+    language would write them."""
+    task_id = str(uuid.uuid4())
+    return {
+        "lang": "py",
+        "task": task,
+        "id": task_id,
+        "root_id": task_id,
+        "parent_id": None,
+        "group": None,
+        "retries": 0,
+        "eta": None,
+        "expires": None,
+        "argsrepr": "()",
+        "kwargsrepr": "{}",
+        **extra,
+    }
+
+
+def put_on_turns(stack: Any, body: bytes, content_type: str, headers: dict[str, Any]) -> None:
+    """A message on `interlock.turns`, as any AMQP/Redis client would put it there."""
+    with Connection(stack.broker_url) as conn:
+        producer = Producer(conn)
+        producer.publish(
+            body,
+            exchange=TURNS,
+            routing_key=TURNS,
+            content_type=content_type,
+            content_encoding="utf-8" if content_type == "application/json" else "binary",
+            headers=headers,
+            delivery_mode=2,
+        )
+
+
 # ---------------------------------------------------------------- raw queue reader
 
 
@@ -617,6 +655,10 @@ def interrupted_reader(broker_url: str) -> QueueReader:
 
 def dead_reader(broker_url: str) -> QueueReader:
     return QueueReader(broker_url, DECISIONS_DEAD)
+
+
+def dead_turns_reader(broker_url: str) -> QueueReader:
+    return QueueReader(broker_url, TURNS_DEAD)
 
 
 def stream_queue(conn: Connection, pattern: str) -> EventStream:

@@ -16,11 +16,17 @@ from typing import Any
 
 import pytest
 import redis
-from kombu.connection import Connection
-from kombu.messaging import Producer
-from queue_helpers import Dashboard, QueueReader, QueueStack, dashboard_for, module_stack
+from queue_helpers import (
+    Dashboard,
+    QueueStack,
+    celery_headers,
+    dashboard_for,
+    dead_turns_reader,
+    module_stack,
+    put_on_turns,
+)
 
-from events.topology import TURNS, TURNS_DEAD
+from events.topology import TURNS
 
 
 @pytest.fixture(scope="module")
@@ -35,48 +41,12 @@ def dash(stack: QueueStack, request: pytest.FixtureRequest) -> Iterator[Dashboar
         yield dashboard
 
 
-def celery_headers(task: str = "interlock.run_turn", **extra: Any) -> dict[str, Any]:
-    """The headers of a Celery (protocol 2) task message, as a client in another
-    language would write them."""
-    task_id = str(uuid.uuid4())
-    return {
-        "lang": "py",
-        "task": task,
-        "id": task_id,
-        "root_id": task_id,
-        "parent_id": None,
-        "group": None,
-        "retries": 0,
-        "eta": None,
-        "expires": None,
-        "argsrepr": "()",
-        "kwargsrepr": "{}",
-        **extra,
-    }
-
-
-def put_on_turns(
-    stack: QueueStack, body: bytes, content_type: str, headers: dict[str, Any]
-) -> None:
-    with Connection(stack.broker_url) as conn:
-        producer = Producer(conn)
-        producer.publish(
-            body,
-            exchange=TURNS,
-            routing_key=TURNS,
-            content_type=content_type,
-            content_encoding="utf-8" if content_type == "application/json" else "binary",
-            headers=headers,
-            delivery_mode=2,
-        )
-
-
 def kept(
     stack: QueueStack, body: bytes, content_type: str, headers: dict[str, Any]
 ) -> dict[str, Any]:
     """Put a message on interlock.turns; return its dead letter (found by a nonce)."""
     nonce = str(uuid.uuid4())
-    dead = QueueReader(stack.broker_url, TURNS_DEAD)
+    dead = dead_turns_reader(stack.broker_url)
     try:
         put_on_turns(stack, body, content_type, {**headers, "x-test-nonce": nonce})
         envelope, dead_headers, dead_type = dead.wait(

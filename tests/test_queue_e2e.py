@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import pickle
 import re
 import uuid
 import zlib
@@ -25,12 +26,15 @@ from queue_helpers import (
     APP,
     Dashboard,
     QueueStack,
+    celery_headers,
     cli_submit,
     dashboard_for,
     dead_reader,
+    dead_turns_reader,
     decision,
     interrupted_reader,
     module_stack,
+    put_on_turns,
     rabbitmq_vhost,
     run_cli,
     stream_queue,
@@ -359,6 +363,36 @@ def test_a_body_kombu_cannot_decode_is_refused_on_both_brokers(
     assert base64.b64decode(envelope["body_base64"]) == body
     done = dash.resolve(paused)
     assert done.type == "turn.completed", done.model_dump_json()
+
+
+@pytest.mark.parametrize("stack", ["redis", "rabbitmq"], indirect=True)
+def test_a_message_no_worker_can_run_is_kept_on_both_brokers(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    """On RabbitMQ as on Redis, Celery would drop these after logging them (acked, or
+    rejected with no dead-letter exchange): they are kept on interlock.turns.dead."""
+    dead = dead_turns_reader(stack.broker_url)
+    sent: dict[str, tuple[bytes, str]] = {}
+    try:
+        for task, body, content_type in [
+            ("interlock.nope", json.dumps([[], {}, {}]).encode(), "application/json"),
+            ("interlock.run_turn", pickle.dumps(((), {}, {})), "application/x-python-serialize"),
+        ]:
+            nonce = str(uuid.uuid4())
+            put_on_turns(stack, body, content_type, celery_headers(task, **{"x-test-nonce": nonce}))
+            sent[nonce] = (body, content_type)
+        for nonce, (body, content_type) in sent.items():
+
+            def with_nonce(m: dict[str, Any], n: str = nonce) -> bool:
+                return bool(m.get("headers", {}).get("x-test-nonce") == n)
+
+            envelope, _, _ = dead.wait(with_nonce, "dead letter")
+            assert base64.b64decode(envelope["body_base64"]) == body
+            assert envelope["content_type"] == content_type
+    finally:
+        dead.close()
+    paused = dash.paused("Transfer $9 to after-bad-tasks")
+    assert dash.resolve(paused).type == "turn.completed"
 
 
 # -------------------------------------------------------------------------- the CLI alone
