@@ -125,6 +125,37 @@ def test_cursor_events_see_every_statement(engine: Engine) -> None:
     assert after == ["INSERT", "SELECT"]
 
 
+def test_echo_logs_the_statement_and_its_parameters(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`echo=True` shows what SQLAlchemy's own execution shows: the SQL, then the
+    parameters (also of an executemany), or that they are hidden."""
+    logger = "sqlalchemy.engine.Engine"
+    fast = FastStatement(insert(thing))
+    engine.echo = True
+    try:
+        with caplog.at_level("INFO", logger=logger), engine.begin() as conn:
+            fast.execute(conn, {"id": "echoed-1", "n": 41, "at": None})
+            fast.executemany(conn, [{"id": f"echoed-{i}", "n": i, "at": None} for i in (2, 3)])
+        lines = [r.getMessage() for r in caplog.records if r.name == logger]
+        inserts = [i for i, line in enumerate(lines) if line.startswith("INSERT INTO fast_thing")]
+        assert len(inserts) == 2, lines
+        first, many = lines[inserts[0] + 1], lines[inserts[1] + 1]
+        assert first.startswith("[compiled once]") and "'echoed-1'" in first and "41" in first
+        assert many.startswith("[compiled once]") and "'echoed-3'" in many, many
+        hidden = create_engine(engine.url, echo=True, hide_parameters=True)
+        caplog.clear()
+        try:
+            with caplog.at_level("INFO", logger=logger), hidden.begin() as conn:
+                fast.execute(conn, {"id": "secret-1", "n": 1, "at": None})
+        finally:
+            hidden.dispose()
+        assert "secret-1" not in caplog.text
+        assert "[SQL parameters hidden due to hide_parameters=True]" in caplog.text
+    finally:
+        engine.echo = False
+
+
 def test_driver_errors_are_sqlalchemys(engine: Engine) -> None:
     add = FastStatement(insert(thing))
     with engine.begin() as conn:

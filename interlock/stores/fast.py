@@ -175,8 +175,9 @@ def _run(conn: Connection, plan: _Plan, params: Any, *, many: bool) -> FastResul
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         for fn in conn.dispatch.before_cursor_execute:
             sql, params = fn(conn, cursor, sql, params, None, many)
-        if conn._echo:
+        if conn._echo:  # as SQLAlchemy logs its own: the statement, then its parameters
             conn._log_info(sql)
+            conn._log_parameters(params, "compiled once", ismulti=many)
         if many:
             cursor.executemany(sql, params)
         else:
