@@ -47,7 +47,7 @@ def test_a_smoke_run_measures_every_system_and_divides_by_the_right_one(tmp_path
             assert got["duplicate_events"] == 0
             cpu = got["cpu_ms_per_cycle"]
             assert list(cpu) == ["worker", "consumer", "redis", "bench", "total"], (name, cpu)
-            assert cpu["consumer"] >= 0 and cpu["worker"] > 0
+            assert all(v >= 0 for v in cpu.values()), (name, cpu)  # whole clock ticks: may be 0
         ours = level["interlock"]["cycles_per_s"]
         assert figures["ratios"][label] == round(ours / level["celery_baseline"]["cycles_per_s"], 2)
         assert figures["ratios_vs_process_consumer"][label] == round(
