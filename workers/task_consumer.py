@@ -5,7 +5,8 @@ Celery acks or rejects such a message after logging it (an undecodable body, a b
 a content type it does not accept, such as pickle, a message without Celery's task
 headers, a task it does not know): on Redis, and on RabbitMQ without a dead-letter
 exchange, it is gone. This consumer first publishes it, as received, to the dead-letter
-queue, then lets Celery go on as before (its log line, the ack). If the broker refuses
+queue, then lets Celery go on as before (its log line, the ack). Messages that came from
+elsewhere (the worker's remote control) go Celery's way. If the broker refuses
 the dead letter, the message is neither acked nor rejected: it stays the broker's, and
 comes back when the worker reconnects (on Redis, after the visibility timeout).
 """
@@ -32,26 +33,27 @@ class TaskConsumer(Consumer):  # type: ignore[misc]
     """Celery's worker consumer, keeping what it cannot run (`worker_consumer`)."""
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
-        # Also called for the worker's remote-control (pidbox) messages: those are
-        # Celery's own, and go Celery's way.
-        if not _from_turns(message) or self._keep(
-            message, f"the task message cannot be decoded: {exc}"
-        ):
+        if self._go_on(message, f"the task message cannot be decoded: {exc}"):
             super().on_decode_error(message, exc)
 
     def on_unknown_message(self, body: Any, message: Message) -> None:
-        if self._keep(message, "not a Celery task message: it names no task"):
+        if self._go_on(message, "not a Celery task message: it names no task"):
             super().on_unknown_message(body, message)
 
     def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
         name = _header(message, "task")
-        reason = f"unknown task {name!r}: this queue runs interlock.run_turn"
-        if self._keep(message, reason):
+        if self._go_on(message, f"unknown task {name!r}: this queue runs interlock.run_turn"):
             super().on_unknown_task(body, message, exc)
 
     def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
-        if self._keep(message, f"invalid task message: {exc}"):
+        if self._go_on(message, f"invalid task message: {exc}"):
             super().on_invalid_task(body, message, exc)
+
+    def _go_on(self, message: Message, reason: str) -> bool:
+        """Whether Celery's own handling (its log line, the ack or reject) should follow:
+        for a message of `interlock.turns` once it is kept; for any other (the worker's
+        remote-control messages share the decode-error callback) at once."""
+        return not _from_turns(message) or self._keep(message, reason)
 
     def _keep(self, message: Message, reason: str) -> bool:
         """Publish `message` to `interlock.turns.dead`; False when that failed."""
