@@ -44,8 +44,11 @@ def dash(stack: QueueStack, request: pytest.FixtureRequest) -> Iterator[Dashboar
 def kept(
     stack: QueueStack, body: bytes, content_type: str, headers: dict[str, Any]
 ) -> dict[str, Any]:
-    """Put a message on interlock.turns; return its dead letter (found by a nonce)."""
+    """Put a message on interlock.turns; return its dead letter (found by a nonce).
+    The worker's log says it was kept, and nothing there says it was discarded."""
     nonce = str(uuid.uuid4())
+    assert stack.worker is not None
+    logged = len(stack.worker.output())
     dead = dead_turns_reader(stack.broker_url)
     try:
         put_on_turns(stack, body, content_type, {**headers, "x-test-nonce": nonce})
@@ -59,7 +62,14 @@ def kept(
     assert base64.b64decode(envelope["body_base64"]) == body, "the bytes as they were sent"
     assert envelope["content_type"] == content_type
     assert dead_headers.get("x-reason") == envelope["reason"][:500]
-    assert_gone(stack, nonce)
+    assert_gone(stack, nonce)  # acked or rejected: Celery's handling has run
+    log = stack.worker.output()[logged:]
+    assert (
+        f"kept a message of interlock.turns on interlock.turns.dead, not run: {envelope['reason']}"
+        in log
+    ), log
+    for celerys in ("discarded", "deleted", "Can't decode message body"):
+        assert celerys not in log, log
     return envelope
 
 

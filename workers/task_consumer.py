@@ -5,18 +5,25 @@ Celery acks or rejects such a message after logging it (an undecodable body, a b
 a content type it does not accept, such as pickle, a message without Celery's task
 headers, a task it does not know): on Redis, and on RabbitMQ without a dead-letter
 exchange, it is gone. This consumer first publishes it, as received, to the dead-letter
-queue, then lets Celery go on as before (its log line, the ack). Messages that came from
-elsewhere (the worker's remote control) go Celery's way. If the broker refuses
-the dead letter, the message is neither acked nor rejected: it stays the broker's, and
-comes back when the worker reconnects (on Redis, after the visibility timeout).
+queue, logs that it kept it, then lets Celery go on as before (the ack or reject, its
+signals) without Celery's own log line, which would say the message was discarded.
+Messages that came from elsewhere (the worker's remote control) go Celery's way. If the
+broker refuses the dead letter, the message is neither acked nor rejected: it stays the
+broker's, and comes back when the worker reconnects (on Redis, after the visibility
+timeout).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery.worker.consumer import Consumer
+from celery.worker.consumer import consumer as celery_consumer
 from kombu.message import Message
 
 from events.publisher import Publisher
@@ -33,27 +40,35 @@ class TaskConsumer(Consumer):  # type: ignore[misc]
     """Celery's worker consumer, keeping what it cannot run (`worker_consumer`)."""
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
-        if self._go_on(message, f"the task message cannot be decoded: {exc}"):
-            super().on_decode_error(message, exc)
+        reason = f"the task message cannot be decoded: {exc}"
+        self._handle(message, reason, functools.partial(super().on_decode_error, message, exc))
 
     def on_unknown_message(self, body: Any, message: Message) -> None:
-        if self._go_on(message, "not a Celery task message: it names no task"):
-            super().on_unknown_message(body, message)
+        reason = "not a Celery task message: it names no task"
+        self._handle(message, reason, functools.partial(super().on_unknown_message, body, message))
 
     def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
         name = _header(message, "task")
-        if self._go_on(message, f"unknown task {name!r}: this queue runs interlock.run_turn"):
-            super().on_unknown_task(body, message, exc)
+        reason = f"unknown task {name!r}: this queue runs interlock.run_turn"
+        celery = functools.partial(super().on_unknown_task, body, message, exc)
+        self._handle(message, reason, celery)
 
     def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
-        if self._go_on(message, f"invalid task message: {exc}"):
-            super().on_invalid_task(body, message, exc)
+        reason = f"invalid task message: {exc}"
+        self._handle(
+            message, reason, functools.partial(super().on_invalid_task, body, message, exc)
+        )
 
-    def _go_on(self, message: Message, reason: str) -> bool:
-        """Whether Celery's own handling (its log line, the ack or reject) should follow:
-        for a message of `interlock.turns` once it is kept; for any other (the worker's
-        remote-control messages share the decode-error callback) at once."""
-        return not _from_turns(message) or self._keep(message, reason)
+    def _handle(self, message: Message, reason: str, celery: Callable[[], None]) -> None:
+        """A message of `interlock.turns` is kept, then handed to Celery's handling (the
+        ack or reject) with Celery's log line left out; a message it could not keep is
+        left alone. Any other (the worker's remote-control messages share the
+        decode-error callback) goes Celery's way at once."""
+        if not _from_turns(message):
+            celery()
+        elif self._keep(message, reason):
+            with _CELERY_LINES.dropped():
+                celery()
 
     def _keep(self, message: Message, reason: str) -> bool:
         """Publish `message` to `interlock.turns.dead`; False when that failed."""
@@ -80,8 +95,42 @@ class TaskConsumer(Consumer):  # type: ignore[misc]
                 reason,
             )
             return False
-        log.error("kept a message of interlock.turns on %s: %s", TURNS_DEAD.name, reason)
+        log.error("kept a message of interlock.turns on %s, not run: %s", TURNS_DEAD.name, reason)
         return True
+
+
+class _CeleryLines(logging.Filter):
+    """Leaves out, while `dropped()` is on in this thread, the lines Celery logs for a
+    message it cannot run ("... ignored and discarded", "Received and deleted ..."):
+    for a kept message they would be wrong. Its other lines (a failed ack, say) stay."""
+
+    LINES = frozenset(
+        {
+            celery_consumer.MESSAGE_DECODE_ERROR,
+            celery_consumer.UNKNOWN_FORMAT,
+            celery_consumer.UNKNOWN_TASK_ERROR,
+            celery_consumer.INVALID_TASK_ERROR,
+        }
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._on = threading.local()
+        celery_consumer.logger.addFilter(self)
+
+    @contextlib.contextmanager
+    def dropped(self) -> Iterator[None]:
+        self._on.value = True
+        try:
+            yield
+        finally:
+            self._on.value = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(self._on, "value", False) and record.msg in self.LINES)
+
+
+_CELERY_LINES = _CeleryLines()
 
 
 def _from_turns(message: Message) -> bool:
