@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter, field_validator
 
 from ._base import Envelope
 from .parts import Part
@@ -46,17 +46,30 @@ class RestartEntry(Envelope):
         return "input" in self.model_fields_set and self.input is not None
 
 
-def _version_required(schema: dict[str, Any]) -> None:
+_NULL_IS_ABSENT = ("resume_token", "respond", "restart")
+"""Fields a decision may send as null, meaning absent (a client that writes every field,
+such as Go's encoding/json with a nil slice): no token, nothing to respond or restart."""
+
+
+def _decision_schema(schema: dict[str, Any]) -> None:
+    """`schema_version` required on the wire; null allowed where it means absent."""
     schema["required"] = ["schema_version", *schema.get("required", [])]
+    properties = schema.get("properties", {})
+    for name in _NULL_IS_ABSENT:
+        field = properties.get(name)
+        if field is None:
+            continue
+        outer = {k: field.pop(k) for k in ("title", "default", "description") if k in field}
+        properties[name] = {"anyOf": [field, {"type": "null"}], **outer}
 
 
 class Decision(Envelope):
     """A decision read from `interlock.decisions`. Entries are the plain JSON form, or
     the `Part`s that `tool.respond` / `tool.resume` built. On the wire `schema_version`
     is required (the consumer refuses a decision without it); in Python it defaults
-    to 1."""
+    to 1. `resume_token`, `respond` and `restart` sent as null count as absent."""
 
-    model_config = ConfigDict(json_schema_extra=_version_required)
+    model_config = ConfigDict(json_schema_extra=_decision_schema)
 
     schema_version: Literal[1] = 1
     decision_id: str = Field(min_length=1, max_length=200)
@@ -65,6 +78,13 @@ class Decision(Envelope):
     reviewer: str | None = Field(default=None, max_length=500)
     respond: list[RespondEntry | Part] = Field(default_factory=list)
     restart: list[RestartEntry | Part] = Field(default_factory=list)
+
+    @field_validator(*_NULL_IS_ABSENT, mode="before")
+    @classmethod
+    def _null_is_absent(cls, value: Any, info: Any) -> Any:
+        if value is not None:
+            return value
+        return "" if info.field_name == "resume_token" else []
 
 
 class TurnRequest(Envelope):

@@ -151,6 +151,23 @@ def test_a_null_restart_input_means_the_stored_one(dash: Dashboard) -> None:
     assert "transferred $17.00 to nulls" in done.message.text  # type: ignore[attr-defined]
 
 
+def test_null_fields_count_as_absent(dash: Dashboard) -> None:
+    """A client that writes every field (Go's encoding/json writes a nil slice as null)
+    sends `"respond": null` beside its restarts: the decision is read as without it. A
+    null token is no token: PERMISSION_DENIED, not a malformed decision."""
+    paused = dash.paused("Transfer $19 to go-client")
+    no_token = decision(paused.snapshot_id, None, restart=restart_all(paused))
+    no_token.update(resume_token=None, respond=None, reviewer=None)
+    event = rejected(dash, no_token, Status.PERMISSION_DENIED, "resume_token")
+    assert event.snapshot_id == paused.snapshot_id
+    body = decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused))
+    body.update(respond=None, reviewer=None)
+    dash.publish_json(body)
+    done = dash.resumed_turn(dash.outcome(body["decision_id"]))
+    assert done.type == "turn.completed", done.model_dump_json()
+    assert "transferred $19.00 to go-client" in done.message.text  # type: ignore[attr-defined]
+
+
 def test_a_decision_with_a_byte_order_mark_is_read(dash: Dashboard) -> None:
     paused = dash.paused("Transfer $18 to marked")
     body = decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused))

@@ -90,6 +90,27 @@ def test_decision_validates_and_bad_one_does_not() -> None:
         jsonschema.validate({"schema_version": 2, "decision_id": "d", "snapshot_id": "s"}, schema)
 
 
+@pytest.mark.parametrize(
+    ("field", "absent"),
+    [("resume_token", ""), ("respond", []), ("restart", []), ("reviewer", None)],
+)
+def test_a_null_field_counts_as_absent(field: str, absent: Any) -> None:
+    """A client that writes every field (Go's encoding/json writes a nil slice as null):
+    the schema accepts the null, and the model reads it as the field left out."""
+    body = {"schema_version": 1, "decision_id": "d", "snapshot_id": "s", field: None}
+    jsonschema.validate(body, load("decision.schema.json"))
+    assert getattr(Decision.model_validate(body), field) == absent
+    assert getattr(Decision.model_validate_json(json.dumps(body)), field) == absent
+
+
+def test_a_null_id_is_still_refused() -> None:
+    body = {"schema_version": 1, "decision_id": None, "snapshot_id": "s"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(body, load("decision.schema.json"))
+    with pytest.raises(ValueError, match="decision_id"):
+        Decision.model_validate(body)
+
+
 ENTRIES: list[tuple[str, dict[str, Any]]] = [
     ("restart", {}),
     ("restart", {"ref": "a"}),
