@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, overload
@@ -198,12 +199,24 @@ class Interlock:
     @property
     def state_codec(self) -> StateCodec:
         if self._codec is None:
-            secret = self._secret or os.environ.get("INTERLOCK_SECRET")
-            if not secret:
-                log.warning(
-                    "no secret set (Interlock(secret=...) or INTERLOCK_SECRET): states are "
-                    "signed with a random per-process secret and will not survive a restart"
-                )
-                secret = secrets.token_bytes(32)
+            secret = self._secret or os.environ.get("INTERLOCK_SECRET") or _process_secret()
             self._codec = StateCodec(secret.encode() if isinstance(secret, str) else secret)
         return self._codec
+
+
+_random_secret: bytes | None = None
+_random_secret_lock = threading.Lock()
+
+
+def _process_secret() -> bytes:
+    """The random secret of this process, for every registry given no secret: made
+    (with a warning) the first time one is needed, kept until the process ends."""
+    global _random_secret
+    with _random_secret_lock:
+        if _random_secret is None:
+            log.warning(
+                "no secret set (Interlock(secret=...) or INTERLOCK_SECRET): states are "
+                "signed with a random per-process secret and will not survive a restart"
+            )
+            _random_secret = secrets.token_bytes(32)
+        return _random_secret

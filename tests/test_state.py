@@ -3,8 +3,12 @@
 import base64
 import json
 import logging
+import os
+import subprocess
+import sys
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +23,7 @@ from examples.banking import (
 from interlock import (
     FinishReason,
     Interlock,
+    Part,
     Snapshot,
     SnapshotStatus,
     Status,
@@ -27,6 +32,7 @@ from interlock import (
     interrupt_as,
     scripted,
 )
+from interlock import registry as registry_module
 from interlock.state import StateCodec
 
 
@@ -218,16 +224,49 @@ def test_secret_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_random_secret_warns_and_does_not_survive(
+def test_random_secret_is_one_per_process_and_warns_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Without a secret, every registry of the process signs with the same random one."""
     monkeypatch.delenv("INTERLOCK_SECRET", raising=False)
+    monkeypatch.setattr(registry_module, "_random_secret", None)  # as in a new process
     caplog.set_level(logging.WARNING, logger="interlock")
     agent, tool = store_less_bank(secret=None)
     out = agent.run_text("Transfer $1 to a")
-    assert any("will not survive a restart" in r.getMessage() for r in caplog.records)
-    restarted, _ = store_less_bank(secret=None)  # another process, another random secret
+    other, _ = store_less_bank(secret=None)
     reply = tool.respond(out.interrupts[0], TransferOutput(success=True))
+    assert other.run(ToolResume(respond=[reply]), state=out.state).finish_reason is (
+        FinishReason.STOP
+    )
+    warned = [r for r in caplog.records if "will not survive a restart" in r.getMessage()]
+    assert len(warned) == 1, warned
+
+
+CHILD = """
+import json
+from examples.banking import TransferOutput
+from test_state import store_less_bank
+agent, tool = store_less_bank(secret=None)
+out = agent.run_text("Transfer $1 to a")
+reply = tool.respond(out.interrupts[0], TransferOutput(success=True))
+print(json.dumps({"state": out.state, "reply": reply.model_dump(mode="json")}))
+"""
+
+
+def test_random_secret_does_not_survive_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state signed by another process (a worker before its restart, say) with its own
+    random secret is refused here."""
+    monkeypatch.delenv("INTERLOCK_SECRET", raising=False)
+    env = {k: v for k, v in os.environ.items() if k != "INTERLOCK_SECRET"}
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests")])
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    sent = json.loads(done.stdout.strip().splitlines()[-1])
+    reply = Part.model_validate(sent["reply"])
+    agent, _ = store_less_bank(secret=None)
     with pytest.raises(StatusError) as info:
-        restarted.run(ToolResume(respond=[reply]), state=out.state)
+        agent.run(ToolResume(respond=[reply]), state=sent["state"])
     assert info.value.status is Status.PERMISSION_DENIED
