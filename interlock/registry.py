@@ -63,18 +63,25 @@ class Interlock:
     def tool(self, fn: Callable[..., Any], /) -> Tool[Any, Any]: ...
     @overload
     def tool(
+        self, name: str, description: str | None = None, /
+    ) -> Callable[[Callable[..., Any]], Tool[Any, Any]]: ...
+    @overload
+    def tool(
         self, fn: None = None, /, *, name: str | None = None, description: str | None = None
     ) -> Callable[[Callable[..., Any]], Tool[Any, Any]]: ...
     def tool(
         self,
-        fn: Callable[..., Any] | None = None,
+        fn: Callable[..., Any] | str | None = None,
+        text: str | None = None,
         /,
         *,
         name: str | None = None,
         description: str | None = None,
     ) -> Tool[Any, Any] | Callable[[Callable[..., Any]], Tool[Any, Any]]:
-        """Decorator form of `define_tool` (`@ai.tool` or `@ai.tool(name=...)`); returns
-        the tool object. Name and description default to the function's."""
+        """Decorator form of `define_tool` (`@ai.tool`, `@ai.tool(name=...,
+        description=...)` or `@ai.tool("name", "description")`); returns the tool
+        object. Name and description default to the function's."""
+        fn, name, description = _decorator_args("tool", fn, text, name, description)
 
         def register(f: Callable[..., Any]) -> Tool[Any, Any]:
             return self.define_tool(name or f.__name__, description or (f.__doc__ or ""), f)
@@ -85,11 +92,16 @@ class Interlock:
     def interruptible_tool(self, fn: Callable[..., Any], /) -> InterruptibleTool[Any, Any, Any]: ...
     @overload
     def interruptible_tool(
+        self, name: str, description: str | None = None, /
+    ) -> Callable[[Callable[..., Any]], InterruptibleTool[Any, Any, Any]]: ...
+    @overload
+    def interruptible_tool(
         self, fn: None = None, /, *, name: str | None = None, description: str | None = None
     ) -> Callable[[Callable[..., Any]], InterruptibleTool[Any, Any, Any]]: ...
     def interruptible_tool(
         self,
-        fn: Callable[..., Any] | None = None,
+        fn: Callable[..., Any] | str | None = None,
+        text: str | None = None,
         /,
         *,
         name: str | None = None,
@@ -98,7 +110,9 @@ class Interlock:
         InterruptibleTool[Any, Any, Any]
         | Callable[[Callable[..., Any]], InterruptibleTool[Any, Any, Any]]
     ):
-        """Decorator form of `define_interruptible_tool`; returns the tool object."""
+        """Decorator form of `define_interruptible_tool`, called as `tool` is; returns
+        the tool object."""
+        fn, name, description = _decorator_args("interruptible_tool", fn, text, name, description)
 
         def register(f: Callable[..., Any]) -> InterruptibleTool[Any, Any, Any]:
             return self.define_interruptible_tool(
@@ -202,6 +216,36 @@ class Interlock:
             secret = self._secret or os.environ.get("INTERLOCK_SECRET") or _process_secret()
             self._codec = StateCodec(secret.encode() if isinstance(secret, str) else secret)
         return self._codec
+
+
+def _decorator_args(
+    form: str,
+    first: Callable[..., Any] | str | None,
+    second: str | None,
+    name: str | None,
+    description: str | None,
+) -> tuple[Callable[..., Any] | None, str | None, str | None]:
+    """(function, name, description) of a decorator call: `@ai.<form>`,
+    `@ai.<form>(name=..., description=...)` or `@ai.<form>("name", "description")`."""
+    if isinstance(first, str):
+        if name is not None or description is not None:
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                f"ai.{form}: give the name and description either by position or by "
+                "keyword, not both",
+            )
+        return None, first, second
+    if second is not None:
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"ai.{form}: a description by position follows a name, not a function",
+        )
+    if first is not None and not callable(first):
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"ai.{form} takes a function, or a name and a description; got {type(first).__name__}",
+        )
+    return first, name, description
 
 
 _random_secret: bytes | None = None

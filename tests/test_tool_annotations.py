@@ -247,3 +247,53 @@ def test_a_tool_input_with_no_json_form_fails_the_turn_clearly() -> None:
     assert info.value.status is Status.INVALID_ARGUMENT
     assert "model 'scripted/m' gave a tool call an input with no JSON form" in info.value.message
     assert info.value.snapshot_id is not None, "the failed turn is kept for inspection"
+
+
+def test_decorators_take_a_name_and_description_by_position() -> None:
+    """`@ai.tool("name", "description")`, as Genkit's `DefineTool(g, name, description,
+    fn)` orders them; the keyword and bare forms name the tool the same way."""
+
+    class In(BaseModel):
+        account: str
+
+    class Out(BaseModel):
+        balance: float
+
+    ai = Interlock()
+
+    @ai.tool("getBalance", "The account's balance.")
+    def get_balance(inp: In) -> Out:
+        return Out(balance=10.0)
+
+    @ai.interruptible_tool("closeAccount")
+    def close_account(inp: In, res: dict[str, Any] | None) -> Out:
+        """Close an account, once approved."""
+        return Out(balance=0.0)
+
+    @ai.tool
+    def open_account(inp: In) -> Out:
+        """Open an account."""
+        return Out(balance=0.0)
+
+    assert (get_balance.name, get_balance.description) == ("getBalance", "The account's balance.")
+    assert (close_account.name, close_account.description) == (
+        "closeAccount",
+        "Close an account, once approved.",
+    )
+    assert (open_account.name, open_account.description) == ("open_account", "Open an account.")
+    assert set(ai.tools) == {"getBalance", "closeAccount", "open_account"}
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda ai: ai.tool("a", name="b"), "either by position or by keyword"),
+        (lambda ai: ai.interruptible_tool("a", description="d"), "either by position"),
+        (lambda ai: ai.tool(42), "takes a function, or a name and a description; got int"),
+    ],
+)
+def test_a_decorator_called_both_ways_is_invalid_argument(call: Any, words: str) -> None:
+    with pytest.raises(StatusError) as info:
+        call(Interlock())
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert words in info.value.message
