@@ -712,6 +712,24 @@ def test_model_finish_reason_passes_through() -> None:
     assert agent.run_text("hi").finish_reason is FinishReason.LENGTH
 
 
+def test_a_message_from_a_model_function_is_the_models() -> None:
+    """A model function may return a bare Message: it is the model's message (role
+    `model`, finish reason `stop`), whatever role it was built with."""
+    ai = Interlock()
+    ai.define_model(
+        "mine/plain", lambda request: Message(role="user", content=[Part(text="hello")])
+    )
+    store = InMemorySessionStore()
+    agent = ai.define_agent("x", model="mine/plain", store=store)
+    out = agent.run_text("hi")
+    assert out.finish_reason is FinishReason.STOP
+    assert out.message is not None and out.message.role == "model"
+    assert out.snapshot_id is not None
+    saved = store.get_snapshot(out.snapshot_id)
+    assert saved is not None
+    assert [m.role for m in saved.messages] == ["user", "model"]
+
+
 def test_model_returning_garbage_fails() -> None:
     ai = Interlock()
     ai.define_model("mine/bad", lambda request: 42)

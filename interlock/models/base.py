@@ -31,7 +31,9 @@ def as_response(reply: Any, name: str) -> ModelResponse:
     """A `ModelResponse` from what a model function returned."""
     if isinstance(reply, ModelResponse):
         return reply
-    if isinstance(reply, Message):
+    if isinstance(reply, Message):  # the model's message, whatever role it was built with
+        if reply.role != "model":
+            reply = reply.model_copy(update={"role": "model"})
         return ModelResponse(message=reply)
     raise StatusError(
         Status.INTERNAL,
