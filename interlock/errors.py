@@ -1,4 +1,5 @@
-"""The error tree: every error Interlock raises is an `InterlockError`."""
+"""The error tree: every error Interlock raises is an `InterlockError`. Errors of the
+database driver under a SQL store (a lost connection) pass through unwrapped."""
 
 from __future__ import annotations
 
