@@ -33,10 +33,19 @@ MESSAGES: dict[str, type[BaseModel]] = {
 }
 
 
+_ENVELOPE_PARTS = ("InterruptInfo",)
+"""Models inside events that are serialized with every field, as the events are."""
+
+
 def _always_present(schema: dict[str, Any]) -> None:
-    """Events carry every field (null where unknown): mark them all required."""
+    """Events carry every field (null where unknown): mark them all required, and those
+    of the envelope models inside them (`interrupts[]`: name, ref, input, payload)."""
     if "properties" in schema:
         schema["required"] = sorted(schema["properties"])
+    for title in _ENVELOPE_PARTS:
+        inner = schema.get("$defs", {}).get(title)
+        if inner is not None and "properties" in inner:
+            inner["required"] = sorted(inner["properties"])
 
 
 def _typed_input(schema: dict[str, Any]) -> None:
@@ -61,7 +70,7 @@ def message_schemas() -> dict[str, dict[str, Any]]:
         out[f"{name}.schema.json"] = schema
     union = event_adapter.json_schema(mode="validation")
     for title, sub in union.get("$defs", {}).items():
-        if title.startswith(("Turn", "Decision")):
+        if title.startswith(("Turn", "Decision")) or title in _ENVELOPE_PARTS:
             _always_present(sub)
     out["event.schema.json"] = union
     for name, schema in out.items():

@@ -75,6 +75,29 @@ def test_events_validate() -> None:
         jsonschema.validate(body, load("event.schema.json"))
 
 
+@pytest.mark.parametrize("dropped", ["name", "ref", "input", "payload"])
+def test_an_interrupt_carries_all_four_fields(dropped: str) -> None:
+    """`interrupts[]` is emitted with name, ref, input and payload (null input
+    included): the schemas require each, so a reader may rely on them."""
+    interrupted = TurnInterrupted(
+        agent="a",
+        session_id="s",
+        snapshot_id="p",
+        turn_id="t",
+        resume_token="tok",
+        interrupts=[InterruptInfo(name="ask", ref="r")],
+        message=Message(role="model", content=[Part(text="wait")]),
+    )
+    body = json.loads(interrupted.model_dump_json())
+    assert set(body["interrupts"][0]) == {"name", "ref", "input", "payload"}
+    for name in ("turn.interrupted.schema.json", "event.schema.json"):
+        jsonschema.validate(body, load(name))
+        del_one = json.loads(json.dumps(body))
+        del del_one["interrupts"][0][dropped]
+        with pytest.raises(jsonschema.ValidationError, match=dropped):
+            jsonschema.validate(del_one, load(name))
+
+
 def test_decision_validates_and_bad_one_does_not() -> None:
     decision = Decision(
         decision_id="d",
