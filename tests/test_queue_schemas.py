@@ -45,6 +45,18 @@ def test_docs_name_every_schema() -> None:
         assert f"schemas/{name}" in text, f"docs/queues.md does not link {name}"
 
 
+def interrupted_event(interrupt: InterruptInfo, message: Message) -> TurnInterrupted:
+    return TurnInterrupted(
+        agent="a",
+        session_id="s",
+        snapshot_id="p",
+        turn_id="t",
+        resume_token="tok",
+        interrupts=[interrupt],
+        message=message,
+    )
+
+
 def test_events_validate() -> None:
     message = Message(role="model", content=[Part(text="done")])
     completed = TurnCompleted(
@@ -55,14 +67,8 @@ def test_events_validate() -> None:
         finish_reason=FinishReason.STOP,
         message=message,
     )
-    interrupted = TurnInterrupted(
-        agent="a",
-        session_id="s",
-        snapshot_id="p",
-        turn_id="t",
-        resume_token="tok",
-        interrupts=[InterruptInfo(name="transferMoney", ref="r", input={"amount": 1}, payload={})],
-        message=message,
+    interrupted = interrupted_event(
+        InterruptInfo(name="transferMoney", ref="r", input={"amount": 1}, payload={}), message
     )
     rejected = DecisionRejected(error=ErrorInfo(status=Status.INVALID_ARGUMENT, message="bad"))
     for event, name in (
@@ -79,14 +85,8 @@ def test_events_validate() -> None:
 def test_an_interrupt_carries_all_four_fields(dropped: str) -> None:
     """`interrupts[]` is emitted with name, ref, input and payload (null input
     included): the schemas require each, so a reader may rely on them."""
-    interrupted = TurnInterrupted(
-        agent="a",
-        session_id="s",
-        snapshot_id="p",
-        turn_id="t",
-        resume_token="tok",
-        interrupts=[InterruptInfo(name="ask", ref="r")],
-        message=Message(role="model", content=[Part(text="wait")]),
+    interrupted = interrupted_event(
+        InterruptInfo(name="ask", ref="r"), Message(role="model", content=[Part(text="wait")])
     )
     body = json.loads(interrupted.model_dump_json())
     assert set(body["interrupts"][0]) == {"name", "ref", "input", "payload"}
