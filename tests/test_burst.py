@@ -166,3 +166,87 @@ def test_sigterm_stops_a_consumer_waiting_for_the_broker(tmp_path: Path, burst: 
         consumer.kill()
     assert how == "exit 0", consumer.tail()
     assert "stopped while waiting for the broker" in consumer.output() or burst, consumer.tail()
+
+
+# ------------------------------------------------------------ many turns from a file
+
+
+def write_lines(path: Path, *lines: str) -> str:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_submit_file_sends_every_line_then_a_burst_worker_runs_them(
+    batch: Batch, tmp_path: Path
+) -> None:
+    """A batch job's two commands: every line of the file becomes a turn (blank lines
+    skipped; a JSON line may name its session), then `worker --burst` runs them."""
+    turns = write_lines(
+        tmp_path / "turns.txt",
+        "Transfer $5 to savings",
+        "",
+        '{"text": "Transfer $6 to checking", "session_id": "batch-session-6"}',
+        "Hello",
+    )
+    sent = run_cli("submit", *batch.flags, "--agent", "bankingAgent", "--file", turns)
+    assert sent.returncode == 0, sent.describe()
+    printed = sent.json_lines()
+    assert [p["line"] for p in printed] == [1, 3, 4], sent.describe()
+    assert printed[1]["session_id"] == "batch-session-6"
+    assert len({p["session_id"] for p in printed}) == 3
+    assert "submitted 3 of 3 turns" in sent.stderr, sent.describe()
+    assert batch.waiting() == 3, "queued before any worker runs"
+
+    ran = run_cli("worker", "--burst", "--pool", "solo", *batch.flags, timeout=120)
+    assert ran.returncode == 0, ran.describe()
+    ended = {e["turn_id"]: e for e in batch.read_events(3)}
+    assert set(ended) == {p["turn_id"] for p in printed}
+    kinds = [ended[p["turn_id"]]["type"] for p in printed]
+    assert kinds == ["turn.interrupted", "turn.interrupted", "turn.completed"], ended
+    assert ended[printed[1]["turn_id"]]["session_id"] == "batch-session-6"
+
+
+def test_submit_file_wait_prints_how_each_turn_ended(batch: Batch, tmp_path: Path) -> None:
+    """With --wait, the event that ends each turn, as they come; a failed one makes the
+    command exit 1 once every turn has ended, saying how many failed."""
+    worker = Service("worker", ["worker", *batch.flags, "--pool", "solo"], tmp_path / "worker.log")
+    try:
+        worker.wait_for(" ready.")
+        first = write_lines(tmp_path / "first.txt", "Transfer $7 to savings", "Hello")
+        waited = run_cli(
+            "submit", *batch.flags, "--agent", "bankingAgent", "--file", first, "--wait"
+        )
+        assert waited.returncode == 0, waited.describe()
+        lines = waited.json_lines()
+        sent, ended = lines[:2], lines[2:]
+        assert {e["turn_id"] for e in ended} == {s["turn_id"] for s in sent}, waited.describe()
+        kinds = {e["turn_id"]: e["type"] for e in ended}
+        assert [kinds[s["turn_id"]] for s in sent] == ["turn.interrupted", "turn.completed"]
+        assert "2 of 2 turns ended" in waited.stderr, waited.describe()
+        assert "1 paused: list them with `interlock pending`" in waited.stderr
+
+        # A new message to the paused session fails (FAILED_PRECONDITION): exit 1.
+        paused = sent[0]["session_id"]
+        second = write_lines(
+            tmp_path / "second.txt", json.dumps({"text": "Hello", "session_id": paused}), "Hello"
+        )
+        failing = run_cli(
+            "submit", *batch.flags, "--agent", "bankingAgent", "--file", second, "--wait"
+        )
+        assert failing.returncode == 1, failing.describe()
+        types = sorted(e["type"] for e in failing.json_lines() if "type" in e)
+        assert types == ["turn.completed", "turn.failed"], failing.describe()
+        assert "error: FAILED_PRECONDITION: 1 of 2 turns failed; the first: " in failing.stderr
+    finally:
+        worker.stop()
+
+
+def test_a_bad_line_sends_no_turn_at_all(batch: Batch, tmp_path: Path) -> None:
+    turns = write_lines(
+        tmp_path / "turns.txt", "Transfer $8 to savings", "Hello", '{"text": "cut short'
+    )
+    result = run_cli("submit", *batch.flags, "--agent", "bankingAgent", "--file", turns)
+    assert result.returncode == 1, result.describe()
+    assert f"error: INVALID_ARGUMENT: {turns}, line 3: not a JSON object" in result.stderr
+    assert result.json_lines() == [], "nothing was sent"
+    assert batch.waiting() == 0

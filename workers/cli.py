@@ -12,7 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 from kombu.connection import Connection
@@ -24,6 +24,8 @@ from .settings import Settings
 __all__ = ["main"]
 
 DEMO_TEXT = "Transfer $500 to my savings account."
+PROGRESS_EVERY = 100
+"""A batch (`submit --file`) reports its progress on stderr every this many turns."""
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -143,11 +145,12 @@ class _Waiter:
         name = f"interlock.cli.{uuid.uuid4().hex[:12]}"
         self.events = EventStream.bind(self.connection, name, "#", temporary=True)
 
-    def next(self, what: str, match: Callable[[Any], bool]) -> Any:
+    def next(self, what: str, match: Callable[[Any], bool], *, quiet: bool = False) -> Any:
         """The next event that matches; printed. Events this command waits for later
         (see `keep`) that arrive first are kept for then: a resumed turn may end before
-        `decision.accepted` is read."""
-        click.echo(f"waiting for {what} (up to {self.timeout:.0f}s)...", err=True)
+        `decision.accepted` is read. `quiet`: no "waiting for" line on stderr."""
+        if not quiet:
+            click.echo(f"waiting for {what} (up to {self.timeout:.0f}s)...", err=True)
         event = next((e for e in self._kept if match(e)), None)
         if event is not None:
             self._kept.remove(event)
@@ -186,6 +189,38 @@ class _Waiter:
                 err=True,
             )
         return event
+
+    def turn_events(self, turn_ids: list[str]) -> list[Any]:
+        """The event that ends each of `turn_ids`, printed as they come (`timeout`: at
+        most between two of them); then a failure if any turn failed."""
+        ends = ("turn.interrupted", "turn.completed", "turn.failed")
+        waiting = set(turn_ids)
+        found: list[Any] = []
+        click.echo(
+            f"waiting for {len(waiting)} turns to end (up to {self.timeout:.0f}s between two)...",
+            err=True,
+        )
+        while waiting:
+            event = self.next(
+                f"{len(waiting)} more turns",
+                lambda e: e.type in ends and getattr(e, "turn_id", None) in waiting,
+                quiet=True,
+            )
+            waiting.discard(event.turn_id)
+            found.append(event)
+            if len(found) % PROGRESS_EVERY == 0 or not waiting:
+                click.echo(f"{len(found)} of {len(turn_ids)} turns ended", err=True)
+        paused = sum(e.type == "turn.interrupted" for e in found)
+        failed = [e for e in found if e.type == "turn.failed"]
+        if paused:
+            click.echo(f"{paused} paused: list them with `interlock pending`", err=True)
+        if failed:
+            first = failed[0].error
+            raise StatusError(
+                first.status,
+                f"{len(failed)} of {len(turn_ids)} turns failed; the first: {first.message}",
+            )
+        return found
 
     def close(self) -> None:
         try:
@@ -362,7 +397,15 @@ def resume_consumer(
 @broker_option
 @store_option
 @click.option("--agent", "agent_name", required=True, help="Agent name in the registry.")
-@click.option("--text", required=True, help="The user's message.")
+@click.option("--text", help="The user's message (or give --file).")
+@click.option(
+    "--file",
+    "turn_file",
+    type=click.File("r", encoding="utf-8"),
+    help="Submit one turn per line of this file ('-': standard input): the line is the "
+    'message, or a JSON object {"text": ..., "session_id": ...}. Every line is checked '
+    "before any turn is sent.",
+)
 @click.option("--session", "session_id", help="Continue this session (default: a new one).")
 @wait_option
 @timeout_option
@@ -372,7 +415,8 @@ def submit(
     broker: str | None,
     store: str | None,
     agent_name: str,
-    text: str,
+    text: str | None,
+    turn_file: TextIO | None,
     session_id: str | None,
     wait: bool,
     timeout: float,
@@ -380,29 +424,61 @@ def submit(
     """Enqueue a turn; prints {"turn_id", "session_id"}.
 
     With --wait, then prints the event that ends the turn: turn.interrupted (with the
-    resume_token that `interlock decide` needs), turn.completed, or turn.failed (exit 1)."""
-    from .app import create_app, runtime_of, send_turn
-    from .turns import new_turn_request
+    resume_token that `interlock decide` needs), turn.completed, or turn.failed (exit 1).
 
+    With --file, one turn per line, each printed with its "line" number once sent; with
+    --wait, then the event that ends each one, as they come (exit 1 if any failed)."""
+    from .app import create_app, runtime_of
+    from .turn_file import FileTurn, read_turns
+
+    if (text is None) == (turn_file is None):
+        raise StatusError(Status.INVALID_ARGUMENT, "give the message with --text or --file")
+    if turn_file is not None and session_id is not None:
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            '--session goes with --text; in --file, give a line {"text", "session_id"}',
+        )
+    if turn_file is not None:
+        turns = read_turns(turn_file, name=turn_file.name)
+    else:
+        assert text is not None
+        turns = [FileTurn(0, text, session_id)]
     settings = settings_of(app, broker, store)
     celery_app = create_app(settings)
-    runtime = runtime_of(celery_app)
-    runtime.registry.lookup_agent(agent_name)
-    session_id = session_id or str(uuid.uuid4())
-    request = new_turn_request(
-        agent_name,
-        AgentInput(message=Message(role="user", content=[Part(text=text)])),
-        session_id=session_id,
-    )
+    runtime_of(celery_app).registry.lookup_agent(agent_name)
     waiter = _Waiter(settings, timeout) if wait else None
     try:
-        send_turn(celery_app, request)
-        emit({"turn_id": request.turn_id, "session_id": session_id})
-        if waiter is not None:
-            waiter.turn_event(request.turn_id)
+        sent = _send_turns(celery_app, agent_name, turns, batch=turn_file is not None)
+        if waiter is not None and turn_file is None:
+            waiter.turn_event(sent[0])
+        elif waiter is not None:
+            waiter.turn_events(sent)
     finally:
         if waiter is not None:
             waiter.close()
+
+
+def _send_turns(celery_app: Any, agent_name: str, turns: list[Any], *, batch: bool) -> list[str]:
+    """Enqueue each turn, printing it once sent (with its line in a batch); the turn ids.
+    A batch reports its progress on stderr."""
+    from .app import send_turn
+    from .turns import new_turn_request
+
+    sent: list[str] = []
+    for turn in turns:
+        session_id = turn.session_id or str(uuid.uuid4())
+        request = new_turn_request(
+            agent_name,
+            AgentInput(message=Message(role="user", content=[Part(text=turn.text)])),
+            session_id=session_id,
+        )
+        send_turn(celery_app, request)
+        sent.append(request.turn_id)
+        line = {"line": turn.line} if batch else {}
+        emit({"turn_id": request.turn_id, "session_id": session_id, **line})
+        if batch and (len(sent) % PROGRESS_EVERY == 0 or len(sent) == len(turns)):
+            click.echo(f"submitted {len(sent)} of {len(turns)} turns", err=True)
+    return sent
 
 
 @main.command()

@@ -1,0 +1,71 @@
+"""Reading the turns of `interlock submit --file`: what a line may be, and the error
+that names a bad one before anything is sent."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from interlock import Status, StatusError
+from workers.cli import main
+from workers.turn_file import FileTurn, read_turns
+
+
+def test_lines_are_messages_or_json_objects() -> None:
+    lines = [
+        "Transfer $5 to savings\n",
+        "   \n",
+        '{"text": "Hi", "session_id": "s-1"}\n',
+        '{"text": "Hello"}',
+        "[not an object, so a message]",
+    ]
+    assert read_turns(lines) == [
+        FileTurn(1, "Transfer $5 to savings"),
+        FileTurn(3, "Hi", "s-1"),
+        FileTurn(4, "Hello"),
+        FileTurn(5, "[not an object, so a message]"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ('{"text": "cut', "not a JSON object: "),
+        ('{"txt": "typo"}', "unknown field(s) txt: use text, session_id"),
+        ('{"session_id": "s"}', '"text" must be a non-empty string'),
+        ('{"text": "  "}', '"text" must be a non-empty string'),
+        ('{"text": "hi", "session_id": 7}', '"session_id" must be a non-empty string'),
+    ],
+)
+def test_a_bad_line_is_named(line: str, reason: str) -> None:
+    with pytest.raises(StatusError) as info:
+        read_turns(["Hello", line], name="turns.txt")
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert info.value.message.startswith(f"turns.txt, line 2: {reason}"), info.value.message
+
+
+def test_a_file_without_text_is_refused() -> None:
+    with pytest.raises(StatusError) as info:
+        read_turns(["", "  \n"], name="empty.txt")
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert info.value.message == "no turns in empty.txt: it has no text line"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--text", "hi", "--file", "-"], "give the message with --text or --file"),
+        ([], "give the message with --text or --file"),
+        (["--file", "-", "--session", "s"], "--session goes with --text"),
+        (["--file", "-"], "no turns in <stdin>: it has no text line"),
+    ],
+)
+def test_submit_refuses_before_it_connects(args: list[str], message: str) -> None:
+    """Nothing listens on the broker given: these fail before any connection."""
+    result = CliRunner().invoke(
+        main,
+        ["submit", "--broker", "redis://127.0.0.1:1/0", "--agent", "bankingAgent", *args],
+        input="\n",
+    )
+    assert result.exit_code == 1, result.output
+    assert f"error: INVALID_ARGUMENT: {message}" in result.output
