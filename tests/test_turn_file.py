@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from interlock import Status, StatusError
+from workers import turn_file
 from workers.cli import main
 from workers.turn_file import FileTurn, read_turns
 
@@ -42,6 +43,14 @@ def test_a_bad_line_is_named(line: str, reason: str) -> None:
         read_turns(["Hello", line], name="turns.txt")
     assert info.value.status is Status.INVALID_ARGUMENT
     assert info.value.message.startswith(f"turns.txt, line 2: {reason}"), info.value.message
+
+
+def test_a_file_over_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The turns are held in memory until all are checked: a file has a ceiling."""
+    monkeypatch.setattr(turn_file, "MAX_TURNS", 2)
+    with pytest.raises(StatusError) as info:
+        read_turns(["a", "b", "", "c"], name="big.txt")
+    assert info.value.message == "big.txt, line 4: more than 2 turns in one file: split it"
 
 
 def test_a_file_without_text_is_refused() -> None:

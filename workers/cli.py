@@ -12,7 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 from kombu.connection import Connection
@@ -20,6 +20,11 @@ from kombu.connection import Connection
 from interlock import AgentInput, InterlockError, Message, Part, Status, StatusError, status_of
 
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from .turn_file import FileTurn
 
 __all__ = ["main"]
 
@@ -458,7 +463,9 @@ def submit(
             waiter.close()
 
 
-def _send_turns(celery_app: Any, agent_name: str, turns: list[Any], *, batch: bool) -> list[str]:
+def _send_turns(
+    celery_app: Celery, agent_name: str, turns: list[FileTurn], *, batch: bool
+) -> list[str]:
     """Enqueue each turn, printing it once sent (with its line in a batch); the turn ids.
     A batch reports its progress on stderr."""
     from .app import send_turn
