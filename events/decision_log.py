@@ -87,7 +87,7 @@ class DecisionLog:
         """The record of `decision_id`, if any; on `conn` when given (a read sharing the
         caller's transaction)."""
         if conn is None:
-            with self.engine.connect() as own:
+            with self.engine.begin() as own:
                 return self.get(decision_id, conn=own)
         rows = _F_GET.execute(conn, {"p_id": decision_id}).mappings()
         return _record(rows[0]) if rows else None
@@ -153,7 +153,7 @@ class DecisionLog:
         return len(changed)
 
     def for_session(self, session_id: str) -> list[DecisionRecord]:
-        with self.engine.connect() as conn:
+        with self.engine.begin() as conn:
             rows = (
                 conn.execute(
                     select(decision_table)

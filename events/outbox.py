@@ -189,14 +189,14 @@ class Outbox:
     # -------------------------------------------------------- reading the table
 
     def unsent(self, limit: int = 500) -> list[Row]:
-        with self.engine.connect() as conn:
+        with self.engine.begin() as conn:
             rows = conn.execute(_UNSENT, {"p_limit": limit}).all()
         return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
     def unsent_before(self, age: float, limit: int = 500) -> list[Row]:
         """Unsent rows written at least `age` seconds ago, oldest first."""
         before = utcnow() - timedelta(seconds=age)
-        with self.engine.connect() as conn:
+        with self.engine.begin() as conn:
             rows = conn.execute(_UNSENT_BEFORE, {"p_before": before, "p_limit": limit}).all()
         return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 

@@ -194,3 +194,42 @@ def test_a_schema_translate_map_goes_through_sqlalchemy(engine: Engine) -> None:
     assert isinstance(result.all()[0][1], datetime)
     assert result.keys == ("id", "at")
     assert all(f"{schema}." in statement for statement in seen), seen
+
+
+def test_reads_keep_the_statements_postgresql_has_prepared(pg_url: str) -> None:
+    """psycopg forgets a connection's prepared statements (`DEALLOCATE ALL`) whenever a
+    transaction on it rolls back. The runtime's own reads (the outbox sweep, the
+    decision log, the journal) end theirs with a commit, so the pooled connection that
+    the next turn takes keeps its hot statements prepared."""
+    from events.decision_log import DecisionLog
+    from events.outbox import Outbox
+    from interlock import SqlSessionStore
+    from interlock.stores.sql_journal import SqlTurnJournal
+
+    store = SqlSessionStore(pg_url)
+    outbox, decisions, journal = Outbox(store), DecisionLog(store), SqlTurnJournal(store)
+
+    def prepared() -> int:
+        with store.engine.begin() as conn:
+            return int(
+                conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements").scalar_one()
+            )
+
+    try:
+        for _ in range(8):  # psycopg prepares a statement on its fifth execution
+            store.get_snapshot("no-such-snapshot")
+        warm = prepared()
+        assert warm > 0, "get_snapshot's statements are prepared"
+        for read in (
+            lambda: outbox.unsent(),
+            lambda: outbox.unsent_before(0.0),
+            lambda: decisions.get("no-such-decision"),
+            lambda: decisions.for_session("no-such-session"),
+            lambda: journal.load("s", "no-such-turn"),
+            lambda: journal.holder("no-such-turn"),
+        ):
+            read()
+            assert prepared() >= warm, "a read dropped the prepared statements"
+    finally:
+        outbox.close()
+        store.close()

@@ -201,7 +201,7 @@ class SqlTurnJournal:
     # -- the journal --------------------------------------------------------------------
 
     def load(self, session_id: str, turn_id: str) -> dict[str, Any]:
-        with self.store.engine.connect() as conn:
+        with self.store.engine.begin() as conn:
             rows = _F_LOAD.execute(conn, {"p_turn": turn_id}).all()
         return {str(key): json.loads(body) for key, body in rows}
 
@@ -283,7 +283,7 @@ class SqlTurnJournal:
     def _begin_portable(self, turn_id: str, owner: str, ttl: float) -> TurnStart:
         """`begin` for a database without `ON CONFLICT`: more transactions, and every
         start counts as a take-over (the journal is always read)."""
-        with self.store.engine.connect() as conn:
+        with self.store.engine.begin() as conn:
             ended = self._ended(conn, {"p_turn": turn_id})
         if ended is not None:
             return ended
@@ -371,7 +371,7 @@ class SqlTurnJournal:
 
     def holder(self, turn_id: str) -> tuple[str, datetime] | None:
         """Who holds the turn's lease and until when (expired leases included)."""
-        with self.store.engine.connect() as conn:
+        with self.store.engine.begin() as conn:
             row = conn.execute(
                 select(_LEASE.c.owner, _LEASE.c.expires_at).where(_LEASE.c.turn_id == turn_id)
             ).first()
