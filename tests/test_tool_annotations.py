@@ -290,6 +290,7 @@ def test_decorators_take_a_name_and_description_by_position() -> None:
         (lambda ai: ai.tool("a", name="b"), "either by position or by keyword"),
         (lambda ai: ai.interruptible_tool("a", description="d"), "either by position"),
         (lambda ai: ai.tool(42), "takes a function, or a name and a description; got int"),
+        (lambda ai: ai.tool(print, "d"), "a description by position follows a name"),
     ],
 )
 def test_a_decorator_called_both_ways_is_invalid_argument(call: Any, words: str) -> None:
