@@ -7,10 +7,11 @@ for a human's approval.
     reply = transferMoney.resume(part, ApprovalReply(approved=True))
     out = bankingAgent.run(ToolResume(restart=[reply]), session_id=out.session_id)
 
-Its model is scripted (`scripted/banking`): "Transfer $N to ACCOUNT" becomes a
-`transferMoney` call ("... and $M to OTHER" calls twice at once, "... then $M to OTHER"
-calls again after the first one is answered); a tool result becomes a final answer that
-names the transaction id, or says the transfer was declined.
+Its model is `scripted/banking`, built into every registry (`interlock.models.banking`):
+"Transfer $N to ACCOUNT" becomes a `transferMoney` call ("... and $M to OTHER" calls
+twice at once, "... then $M to OTHER" calls again after the first one is answered); a
+tool result becomes a final answer that names the transaction id, or says the transfer
+was declined.
 
 On a real model: set `INTERLOCK_BANKING_MODEL=openai/gpt-4o-mini` (any `provider/model`)
 before this module is imported (a worker's environment), or wrap a run in
@@ -21,11 +22,9 @@ before this module is imported (a worker's environment), or wrap a run in
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
@@ -34,13 +33,10 @@ from interlock import (
     Agent,
     InMemorySessionStore,
     Interlock,
-    Message,
-    ModelRequest,
     Status,
     StatusError,
     ToolContext,
     interrupt,
-    scripted,
     tool_approval,
 )
 
@@ -109,72 +105,6 @@ def transferMoney(
         return TransferOutput(success=False)
     return TransferOutput(success=True, transaction_id=f"txn-{ctx.idempotency_key[:12]}")
 
-
-# -- the scripted model ---------------------------------------------------------------
-
-_TRANSFER = re.compile(
-    r"\$?\s*(-?\d[\d,]*(?:\.\d+)?)\s+to\s+(?:my\s+|the\s+)?(.+?)(?:\s+account)?[.!]?\s*$",
-    re.IGNORECASE,
-)
-
-
-def _steps(text: str) -> list[list[dict[str, Any]]]:
-    """'Transfer $1 to a and $2 to b then $3 to c' -> [[a, b], [c]]."""
-    body = re.sub(r"^\s*(please\s+)?transfer\s+", "", text.strip(), flags=re.IGNORECASE)
-    steps = []
-    for group in re.split(r",?\s+then\s+", body, flags=re.IGNORECASE):
-        calls = []
-        for piece in re.split(r"\s+and\s+", group, flags=re.IGNORECASE):
-            match = _TRANSFER.search(piece.strip())
-            if match:
-                amount = float(match.group(1).replace(",", ""))
-                calls.append({"amount": amount, "toAccount": match.group(2).strip()})
-        if calls:
-            steps.append(calls)
-    return steps
-
-
-def _answer(results: list[tuple[dict[str, Any], Any]]) -> str:
-    lines = []
-    for call, output in results:
-        what = f"${float(call.get('amount', 0)):.2f} to {call.get('toAccount', '?')}"
-        if isinstance(output, dict) and output.get("success"):
-            lines.append(f"Done: transferred {what}, transaction {output['transactionId']}.")
-        elif isinstance(output, dict) and output.get("denied"):
-            lines.append(f"The transfer of {what} was declined: {output.get('message', '')}.")
-        else:
-            lines.append(f"The transfer of {what} was declined.")
-    return " ".join(lines)
-
-
-def banking_model(request: ModelRequest) -> Message:
-    """Turns "Transfer $N to ACCOUNT" into transferMoney calls, and results into an answer."""
-    messages = request.messages
-    last_user = max(i for i, m in enumerate(messages) if m.role == "user")
-    steps = _steps(messages[last_user].text)
-    if not steps:
-        return scripted.text("I am a banking assistant: ask me to 'Transfer $AMOUNT to ACCOUNT'.")
-    done = [m for m in messages[last_user + 1 :] if m.role == "tool"]
-    if len(done) < len(steps):
-        return scripted.reply(
-            *(scripted.tool_call("transferMoney", call) for call in steps[len(done)])
-        )
-    calls = {
-        p.tool_request.ref: p.tool_request.input
-        for m in messages[last_user + 1 :]
-        for p in m.content
-        if p.tool_request is not None
-    }
-    results = [
-        (calls.get(p.tool_response.ref, {}), p.tool_response.output)
-        for m in done
-        for p in m.content
-        if p.tool_response is not None
-    ]
-    return scripted.text(_answer(results))
-
-
-scripted.define(ai, "banking", banking_model)
 
 bankingAgent = ai.define_agent(
     "bankingAgent",

@@ -43,7 +43,7 @@ class Interlock:
         self.providers: dict[str, ModelProvider] = {}
         self._secret = secret
         self._codec: StateCodec | None = None
-        register_builtin_providers(self)  # openai/, googleai/, ollama/, anthropic/ (lazy)
+        register_builtin_providers(self)  # openai/ googleai/ ollama/ anthropic/ scripted/ (lazy)
 
     # -- tools ------------------------------------------------------------------------
 

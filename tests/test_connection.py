@@ -10,7 +10,6 @@ from examples.banking import (
     ApprovalAsk,
     ApprovalReply,
     TransferOutput,
-    banking_model,
     bankingAgent,
     transferMoney,
 )
@@ -238,7 +237,6 @@ def test_connect_to_a_paused_session_by_id() -> None:
 def test_connection_with_client_managed_state() -> None:
     ai = Interlock(secret="test")
     tool = ai.define_interruptible_tool("transferMoney", "transfer", transferMoney.fn)
-    scripted.define(ai, "banking", banking_model)
     agent = ai.define_agent("bank", model="scripted/banking", tools=[tool])
     with agent.connect() as conn:
         conn.send_text("Transfer $500 to savings.")
@@ -265,7 +263,6 @@ def test_connection_with_client_managed_state() -> None:
 def test_connect_with_a_state() -> None:
     ai = Interlock(secret="test")
     tool = ai.define_interruptible_tool("transferMoney", "transfer", transferMoney.fn)
-    scripted.define(ai, "banking", banking_model)
     agent = ai.define_agent("bank", model="scripted/banking", tools=[tool])
     out = agent.run_text("Transfer $2 to e")
     with agent.connect(state=out.state) as conn:

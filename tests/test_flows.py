@@ -12,7 +12,6 @@ from examples.banking import (
     ApprovalReply,
     TransferInput,
     TransferOutput,
-    banking_model,
     bankingAgent,
     transferMoney,
 )
@@ -500,7 +499,6 @@ def test_every_tool_request_gets_a_ref() -> None:
 def test_client_managed_state_flow() -> None:
     ai = Interlock(secret="test")  # a store-less twin of the banking agent
     tool = ai.define_interruptible_tool("transferMoney", "transfer", transferMoney.fn)
-    scripted.define(ai, "banking", banking_model)
     agent = ai.define_agent("bank", model="scripted/banking", tools=[tool], store=None)
     out = agent.run_text("Transfer $500 to savings.")
     assert out.finish_reason is FinishReason.INTERRUPTED

@@ -10,7 +10,6 @@ from examples.banking import (
     ApprovalAsk,
     ApprovalReply,
     TransferOutput,
-    banking_model,
     transferMoney,
 )
 from interlock import (
@@ -164,7 +163,6 @@ def test_gated_call_needs_an_approval_to_run() -> None:
 def banking_behind_approval(allowed: tuple[str, ...] = ("getBalance",)) -> tuple[Any, Any]:
     ai = Interlock()
     tool = ai.define_interruptible_tool("transferMoney", "transfer", transferMoney.fn)
-    scripted.define(ai, "banking", banking_model)
     agent = ai.define_agent(
         "bank",
         model="scripted/banking",

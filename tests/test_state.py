@@ -17,7 +17,6 @@ from examples.banking import (
     ApprovalAsk,
     ApprovalReply,
     TransferOutput,
-    banking_model,
     transferMoney,
 )
 from interlock import (
@@ -30,7 +29,6 @@ from interlock import (
     StatusError,
     ToolResume,
     interrupt_as,
-    scripted,
 )
 from interlock import registry as registry_module
 from interlock.state import StateCodec
@@ -39,7 +37,6 @@ from interlock.state import StateCodec
 def store_less_bank(secret: str | None = "test", name: str = "bank") -> tuple[Any, Any]:
     ai = Interlock(secret=secret)
     tool = ai.define_interruptible_tool("transferMoney", "transfer", transferMoney.fn)
-    scripted.define(ai, "banking", banking_model)
     return ai.define_agent(name, model="scripted/banking", tools=[tool]), tool
 
 
@@ -165,7 +162,6 @@ def test_state_signed_with_another_secret() -> None:
 def test_state_of_another_agent() -> None:
     ai = Interlock(secret="shared")
     tool = ai.define_interruptible_tool("transferMoney", "transfer", transferMoney.fn)
-    scripted.define(ai, "banking", banking_model)
     a = ai.define_agent("a", model="scripted/banking", tools=[tool])
     b = ai.define_agent("b", model="scripted/banking", tools=[tool])
     out = a.run_text("Transfer $1 to x")

@@ -8,7 +8,9 @@ connected until a model is looked up):
     ollama/<model>      a local Ollama server            OLLAMA_BASE_URL
     anthropic/<model>   Claude (Messages API)            ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL
 
-`scripted/<name>` models are defined with `scripted.define` (no network).
+    scripted/banking    the banking example's scripted model (no network)
+
+Other `scripted/<name>` models are defined with `scripted.define` (no network).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import scripted
+from schemas import Status
+
+from ..errors import StatusError
+from . import banking, scripted
 from ._http import ModelError, RetryPolicy
 from .base import ChunkCallback, FunctionModel, Model
 
@@ -34,11 +39,13 @@ __all__ = [
     "scripted",
 ]
 
-BUILTIN_PROVIDERS = ("openai", "googleai", "ollama", "anthropic")
+BUILTIN_PROVIDERS = ("openai", "googleai", "ollama", "anthropic", "scripted")
 
 
 def _factory(provider: str) -> Callable[[str], Model]:
     def build(name: str) -> Model:
+        if provider == "scripted":
+            return _scripted(name)
         if provider == "anthropic":
             from . import anthropic
 
@@ -50,7 +57,18 @@ def _factory(provider: str) -> Callable[[str], Model]:
     return build
 
 
+def _scripted(name: str) -> Model:
+    if name == banking.NAME:
+        return FunctionModel(f"scripted/{name}", banking.banking_model)
+    raise StatusError(
+        Status.NOT_FOUND,
+        f"model 'scripted/{name}' is not defined: define it with "
+        f"scripted.define(ai, {name!r}, ...) (built in: scripted/{banking.NAME})",
+    )
+
+
 def register_builtin_providers(ai: Interlock) -> None:
-    """Register `openai`, `googleai`, `ollama` and `anthropic` on `ai` (lazily)."""
+    """Register `openai`, `googleai`, `ollama`, `anthropic` and `scripted` on `ai`
+    (lazily)."""
     for provider in BUILTIN_PROVIDERS:
         ai.register_provider(provider, _factory(provider))
