@@ -38,6 +38,7 @@ from .interrupts import ToolInterrupt, interrupt, interrupt_as, respond, restart
 from .middleware import Middleware, ToolApproval, approve, deny, is_approval_gate, tool_approval
 from .models import FunctionModel, Model, scripted
 from .registry import Interlock
+from .state import RandomSecretWarning
 from .stores import InMemorySessionStore, SessionStore, SqlSessionStore
 from .tools import InterruptibleTool, Tool
 
@@ -60,6 +61,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "Part",
+    "RandomSecretWarning",
     "ResumeSnapshotNotFoundError",
     "ResumeValidationError",
     "SessionStore",

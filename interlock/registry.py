@@ -6,6 +6,7 @@ import logging
 import os
 import secrets
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, overload
@@ -18,7 +19,7 @@ from .interrupts import seconds
 from .middleware import Middleware
 from .models import register_builtin_providers
 from .models.base import FunctionModel, Model
-from .state import StateCodec
+from .state import RandomSecretWarning, StateCodec
 from .stores.base import SessionStore
 from .tools import InterruptibleTool, Tool
 
@@ -212,8 +213,15 @@ class Interlock:
 
     @property
     def state_codec(self) -> StateCodec:
+        """Signs and reads this registry's states. Made on first use; without a secret
+        it uses the process's random one and warns (`RandomSecretWarning`, and the
+        same line in the log), once per registry."""
         if self._codec is None:
-            secret = self._secret or os.environ.get("INTERLOCK_SECRET") or _process_secret()
+            secret = self._secret or os.environ.get("INTERLOCK_SECRET")
+            if not secret:
+                warnings.warn(RandomSecretWarning(_RANDOM_SECRET), stacklevel=2)
+                log.warning(_RANDOM_SECRET)
+                secret = _process_secret()
             self._codec = StateCodec(secret.encode() if isinstance(secret, str) else secret)
         return self._codec
 
@@ -248,19 +256,19 @@ def _decorator_args(
     return first, name, description
 
 
+_RANDOM_SECRET = (
+    "no secret set (Interlock(secret=...) or INTERLOCK_SECRET): states are signed with "
+    "a random per-process secret and will not survive a restart"
+)
 _random_secret: bytes | None = None
 _random_secret_lock = threading.Lock()
 
 
 def _process_secret() -> bytes:
-    """The random secret of this process, for every registry given no secret: made
-    (with a warning) the first time one is needed, kept until the process ends."""
+    """The random secret of this process, for every registry given no secret: made the
+    first time one is needed, kept until the process ends."""
     global _random_secret
     with _random_secret_lock:
         if _random_secret is None:
-            log.warning(
-                "no secret set (Interlock(secret=...) or INTERLOCK_SECRET): states are "
-                "signed with a random per-process secret and will not survive a restart"
-            )
             _random_secret = secrets.token_bytes(32)
         return _random_secret

@@ -13,9 +13,14 @@ from schemas import Snapshot, Status
 
 from .errors import StatusError
 
-__all__ = ["StateCodec"]
+__all__ = ["RandomSecretWarning", "StateCodec"]
 
 _VERSION = "v1"
+
+
+class RandomSecretWarning(UserWarning):
+    """A registry signs states with the process's random secret (no `secret=`, no
+    `INTERLOCK_SECRET`): its states will not survive a restart."""
 
 
 class StateCodec:

@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from interlock import (
     FinishReason,
     Interlock,
     Part,
+    RandomSecretWarning,
     Snapshot,
     SnapshotStatus,
     Status,
@@ -220,22 +222,35 @@ def test_secret_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_random_secret_is_one_per_process_and_warns_once(
+def test_random_secret_is_one_per_process_and_each_registry_warns(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Without a secret, every registry of the process signs with the same random one."""
+    """Without a secret, every registry of the process signs with the same random one,
+    and each says so once, the first time it signs or reads a state: a
+    `RandomSecretWarning` and the same line in the log."""
     monkeypatch.delenv("INTERLOCK_SECRET", raising=False)
     monkeypatch.setattr(registry_module, "_random_secret", None)  # as in a new process
     caplog.set_level(logging.WARNING, logger="interlock")
     agent, tool = store_less_bank(secret=None)
-    out = agent.run_text("Transfer $1 to a")
+    with pytest.warns(RandomSecretWarning, match="will not survive a restart") as first:
+        out = agent.run_text("Transfer $1 to a")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: not again by the same registry
+        agent.run_text("Transfer $2 to b")
     other, _ = store_less_bank(secret=None)
     reply = tool.respond(out.interrupts[0], TransferOutput(success=True))
-    assert other.run(ToolResume(respond=[reply]), state=out.state).finish_reason is (
-        FinishReason.STOP
-    )
+    with pytest.warns(RandomSecretWarning) as second:
+        assert other.run(ToolResume(respond=[reply]), state=out.state).finish_reason is (
+            FinishReason.STOP
+        )
+    assert (len(first), len(second)) == (1, 1)
     warned = [r for r in caplog.records if "will not survive a restart" in r.getMessage()]
-    assert len(warned) == 1, warned
+    assert len(warned) == 2, warned
+
+    signed, _ = store_less_bank(secret="s")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a registry with a secret warns of nothing
+        signed.run_text("Transfer $1 to a")
 
 
 CHILD = """
