@@ -98,11 +98,15 @@ def respond(part: Part, output: Any, metadata: dict[str, Any] | None = None) -> 
 
 def restart(part: Part, resumed: Any = None) -> Part:
     """A tool-request part that re-runs the interrupted tool, with `resumed` as its
-    resume data (`True` when there is none)."""
+    resume data: a JSON object (marked `resumed: true` when there is none)."""
     req = _request_of(part, "restart")
     data = json_of(resumed, "resume data") if resumed is not None else True
-    if not (data is True or isinstance(data, dict)):
-        raise StatusError(Status.INVALID_ARGUMENT, "resume data must serialize to a JSON object")
+    if resumed is not None and not isinstance(data, dict):
+        # `True` too: on the wire it means "no resume data", and the tool would get None.
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"resume data must serialize to a JSON object, not {type(data).__name__}",
+        )
     return Part(
         tool_request=ToolRequest(name=req.name, ref=req.ref, input=req.input),
         metadata={"resumed": data},

@@ -433,6 +433,27 @@ def test_module_builders_need_a_tool_request() -> None:
         restart(interrupt_part(), [1, 2])
 
 
+def test_resume_data_that_is_no_object_is_refused_not_dropped() -> None:
+    """`true` on the wire means "restart with no resume data": resume data `True` (or
+    `False`) given in Python would reach the tool as None, or be lost, so it is refused
+    when the part is built, as every other value that is no JSON object."""
+    ai = Interlock()
+
+    @ai.interruptible_tool(name="flag", description="d")
+    def flag(inp: dict[str, Any], res: bool | None) -> dict[str, Any]:
+        return {"res": res}
+
+    part = interrupt_part(name="flag")
+    for value in (True, False, 1, "yes"):
+        for build in (flag.resume, restart):
+            with pytest.raises(StatusError) as info:
+                build(part, value)
+            assert info.value.status is Status.INVALID_ARGUMENT
+            assert info.value.message.startswith("resume data must serialize to a JSON object")
+    assert restart(part).metadata == {"resumed": True}  # no data: the marker alone
+    assert flag.resume(part).metadata == {"resumed": True}
+
+
 def test_answers_with_no_json_form_are_invalid_argument() -> None:
     """An output or resume data that cannot become JSON (an arbitrary object) is
     INVALID_ARGUMENT naming what was wrong, from every builder, not a serializer's error."""
