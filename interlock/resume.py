@@ -110,6 +110,8 @@ def plan_resume(
         raise _invalid("resume answers nothing: give respond or restart parts")
     pending = {p.tool_request.ref: p for p in pending_interrupts(messages) if p.tool_request}
     known = _known_refs(messages)
+    latest = next((m for m in reversed(messages) if m.role == "model"), None)
+    ran = _known_refs([latest]) - set(pending) if latest is not None else set()
 
     def match(kind: str, part: Part, name: str, ref: str | None) -> Part:
         if ref is not None and ref in pending:
@@ -121,6 +123,11 @@ def plan_resume(
                     f"is for {original.tool_request.name!r}"
                 )
             return original
+        if ref is not None and ref in ran:
+            raise _invalid(
+                f"{kind} for tool {name!r} ref {ref} is a call of the latest model message "
+                "that completed without pausing (its output is kept): it is no longer pending"
+            )
         if ref is not None and ref in known:
             raise _invalid(
                 f"{kind} for tool {name!r} ref {ref} is from an earlier turn which is no "

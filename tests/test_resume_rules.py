@@ -176,6 +176,50 @@ def test_stale_ref_from_an_earlier_turn() -> None:
     )
 
 
+def test_ref_of_a_call_that_completed_beside_the_interrupt() -> None:
+    """A call of the latest model message that ran to its end (its output kept as
+    pendingOutput) is not pending, and the message says so: it is not from an earlier
+    turn, nor unknown."""
+    ai = Interlock()
+
+    @ai.tool(name="lookup", description="d")
+    def lookup(inp: dict[str, Any]) -> dict[str, Any]:
+        return {"found": True}
+
+    @ai.interruptible_tool(name="ask", description="d")
+    def ask(inp: dict[str, Any], res: dict[str, Any] | None) -> dict[str, Any]:
+        if res is None:
+            interrupt({"q": 1})
+        return res or {}
+
+    def model(request: ModelRequest) -> Message:
+        if request.messages[-1].role == "user":
+            return scripted.reply(
+                scripted.tool_call("lookup", {}, ref="r1"), scripted.tool_call("ask", {}, ref="r2")
+            )
+        return scripted.text("done")
+
+    scripted.define(ai, "m", model)
+    agent = ai.define_agent(
+        "a", model="scripted/m", tools=[lookup, ask], store=InMemorySessionStore()
+    )
+    out = agent.run_text("go")
+    [paused] = out.interrupts
+    ran = next(p for p in out.message.content if p.tool_request and p.tool_request.ref == "r1")
+    error = rejects(
+        Status.INVALID_ARGUMENT,
+        "respond for tool 'lookup' ref r1 is a call of the latest model message that "
+        "completed without pausing (its output is kept): it is no longer pending",
+        agent.run,
+        ToolResume(respond=[respond(ran, {"found": False}), ask.respond(paused, {})]),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+    assert "earlier turn" not in error.message
+    final = agent.run(ToolResume(respond=[ask.respond(paused, {})]), session_id=out.session_id)
+    assert final.text == "done"
+
+
 def test_stale_ref_after_repause() -> None:
     out = bankingAgent.run_text("Transfer $1 to a then $2 to b")
     old = out.interrupts[0]
