@@ -32,16 +32,28 @@ def declare(connection: Connection) -> None:
 
 
 class Publisher:
-    """Publishes JSON messages on one connection; reconnects and retries on failure."""
+    """Publishes JSON messages on one connection; reconnects and retries on failure.
+    `timeout` bounds the time spent connecting first (seconds, all retries included; a
+    command line's `--timeout`); by default that is ten retries at kombu's intervals."""
 
-    def __init__(self, connection: Connection, *, declare_topology: bool = True) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        *,
+        declare_topology: bool = True,
+        timeout: float | None = None,
+    ) -> None:
         self.connection = connection
         self._producer: Producer | None = None
         self._declared = not declare_topology
+        self._timeout = timeout
 
     def _publish(self, body: str, exchange: Exchange, routing_key: str, **kw: Any) -> None:
         if not self._declared:
-            self.connection.ensure_connection(max_retries=RETRY_POLICY["max_retries"])
+            if self._timeout is None:
+                self.connection.ensure_connection(max_retries=RETRY_POLICY["max_retries"])
+            else:
+                self.connection.ensure_connection(**RETRY_POLICY, timeout=self._timeout)
             declare(self.connection)
             self._declared = True
         if self._producer is None:

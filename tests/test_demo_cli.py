@@ -239,6 +239,85 @@ def test_unreachable_broker_or_store_is_one_clear_line(stack: QueueStack) -> Non
     _clear_failure(pending, "UNAVAILABLE", "store")
 
 
+def test_waiting_on_or_deciding_through_a_dead_broker_is_one_clear_line(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    """`--wait` binds its queue with redis-py, whose errors are no kombu errors; and a
+    decision's publish gives up within `--timeout` (before, kombu's own ten retries took
+    almost two minutes). The paused turn is still there to answer."""
+    nobody = f"127.0.0.1:{free_port()}"
+    waited = run_cli(
+        "submit", "--app", APP, "--agent", AGENT, "--text", "hi", "--wait",
+        "--broker", f"redis://{nobody}/0", "--store", stack.store_url, timeout=60,
+    )  # fmt: skip
+    _clear_failure(waited, "UNAVAILABLE", "cannot reach the broker", nobody)
+    paused = dash.paused("Transfer $42 to a dead end")
+    decided = run_cli(
+        "decide", paused.snapshot_id, "--token", paused.resume_token, "--approve",
+        "--timeout", "2", "--store", stack.store_url, "--broker", f"redis://{nobody}/0",
+        timeout=60,
+    )  # fmt: skip
+    _clear_failure(decided, "UNAVAILABLE", "cannot reach the broker")
+    assert decided.stdout == "", "no decision id is printed for a decision never sent"
+    listed = run_cli("pending", "--store", stack.store_url, "--session", paused.session_id)
+    assert [x["snapshot_id"] for x in listed.json_lines()] == [paused.snapshot_id]
+
+
+@pytest.mark.parametrize(
+    ("flag", "url", "words"),
+    [
+        ("--broker", "bogus://x", ("broker URL 'bogus://x' names no broker transport",)),
+        ("--broker", "amqp-ish", ("broker URL 'amqp-ish' is not a URL",)),
+        ("--store", "notaurl", ("store URL 'notaurl' is not a database URL",)),
+        ("--store", "postgresql+nodriver://u:secret@h/db", ("u:***@h/db", "Can't load plugin")),
+    ],
+)
+def test_a_url_that_cannot_work_is_invalid_argument(
+    tmp_path: Path, flag: str, url: str, words: tuple[str, ...]
+) -> None:
+    """Checked before anything connects, by every command; a password is not shown."""
+    urls = {"--broker": "redis://127.0.0.1:1/0", "--store": f"sqlite:///{tmp_path}/i.db", flag: url}
+    for command in (
+        ["submit", "--app", APP, "--agent", AGENT, "--text", "hi"],
+        ["worker", "--app", APP],
+        ["resume-consumer", "--app", APP],
+    ):
+        result = run_cli(*command, "--broker", urls["--broker"], "--store", urls["--store"])
+        _clear_failure(result, "INVALID_ARGUMENT", *words)
+        assert "secret" not in result.stderr, result.describe()
+        assert result.stderr.count("\n") == 1, result.describe()
+
+
+def test_empty_variables_count_as_unset(tmp_path: Path) -> None:
+    """`INTERLOCK_STORE_URL=` (a compose file's empty default) is the default store,
+    not an unreadable URL."""
+    env = child_env(INTERLOCK_STORE_URL="", INTERLOCK_BROKER_URL="")
+    result = run_cli("pending", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.describe()
+    assert (tmp_path / "interlock.db").exists(), "the default store, in the current directory"
+
+
+def test_app_module_in_the_current_directory(stack: QueueStack, tmp_path: Path) -> None:
+    """`--app myapp` finds `myapp.py` where the command runs, as `celery -A` does."""
+    (tmp_path / "myapp.py").write_text(
+        "from interlock import Interlock\n"
+        "ai = Interlock()\n"
+        "ai.define_agent('bankingAgent', model='scripted/banking')\n"
+    )
+    result = run_cli(
+        "submit", "--app", "myapp", "--agent", "bankingAgent", "--text", "hi",
+        "--broker", stack.broker_url, "--store", stack.store_url, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.describe()
+    [sent] = result.json_lines()
+    assert set(sent) == {"turn_id", "session_id"}
+    missing = run_cli(
+        "submit", "--app", "nosuchapp", "--agent", "bankingAgent", "--text", "hi",
+        "--broker", stack.broker_url, "--store", stack.store_url, cwd=tmp_path,
+    )  # fmt: skip
+    _clear_failure(missing, "NOT_FOUND", "cannot import app module 'nosuchapp'")
+
+
 def test_demo_against_running_worker_and_consumer(stack: QueueStack) -> None:
     """`interlock demo --broker URL`: the same flow, through the running processes."""
     result = run_cli(

@@ -61,20 +61,27 @@ def test_a_file_without_text_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "code", "message"),
     [
-        (["--text", "hi", "--file", "-"], "give the message with --text or --file"),
-        ([], "give the message with --text or --file"),
-        (["--file", "-", "--session", "s"], "--session goes with --text"),
-        (["--file", "-"], "no turns in <stdin>: it has no text line"),
+        (["--text", "hi", "--file", "-"], 2, "Error: give --text or --file, not both"),
+        ([], 2, "Error: give the message with --text, or a file of them with --file"),
+        (["--text", " "], 2, "Error: Invalid value for --text: the message is empty"),
+        (["--file", "-", "--session", "s"], 2, "Error: --session goes with --text"),
+        (["--file", "-"], 1, "error: INVALID_ARGUMENT: no turns in <stdin>: it has no text line"),
+        (
+            ["--text", "hi", "--store", "notaurl"],
+            1,
+            "error: INVALID_ARGUMENT: store URL 'notaurl' is not a database URL",
+        ),
     ],
 )
-def test_submit_refuses_before_it_connects(args: list[str], message: str) -> None:
-    """Nothing listens on the broker given: these fail before any connection."""
+def test_submit_refuses_before_it_connects(args: list[str], code: int, message: str) -> None:
+    """Nothing listens on the broker given: these fail before any connection. A usage
+    mistake exits 2, bad input 1."""
     result = CliRunner().invoke(
         main,
         ["submit", "--broker", "redis://127.0.0.1:1/0", "--agent", "bankingAgent", *args],
         input="\n",
     )
-    assert result.exit_code == 1, result.output
-    assert f"error: INVALID_ARGUMENT: {message}" in result.output
+    assert result.exit_code == code, result.output
+    assert message in result.output

@@ -68,9 +68,11 @@ def unreachable(exc: Exception) -> str | None:
     """One line saying which service cannot be reached, when `exc` says so (kombu's and
     SQLAlchemy's connection errors are no `OSError`)."""
     from kombu.exceptions import OperationalError as BrokerError
+    from redis.exceptions import ConnectionError as RedisDown
+    from redis.exceptions import TimeoutError as RedisSlow
     from sqlalchemy.exc import OperationalError as StoreError
 
-    if isinstance(exc, BrokerError):
+    if isinstance(exc, BrokerError | RedisDown | RedisSlow):  # redis-py's, unwrapped
         return f"cannot reach the broker: {exc}"
     if isinstance(exc, StoreError):
         first = (str(exc.orig or exc).strip().splitlines() or [""])[0]
@@ -436,12 +438,15 @@ def submit(
     from .app import create_app, runtime_of
     from .turn_file import FileTurn, read_turns
 
-    if (text is None) == (turn_file is None):
-        raise StatusError(Status.INVALID_ARGUMENT, "give the message with --text or --file")
+    if text is None and turn_file is None:
+        raise click.UsageError("give the message with --text, or a file of them with --file")
+    if text is not None and turn_file is not None:
+        raise click.UsageError("give --text or --file, not both")
+    if text is not None and not text.strip():
+        raise click.BadParameter("the message is empty", param_hint="--text")
     if turn_file is not None and session_id is not None:
-        raise StatusError(
-            Status.INVALID_ARGUMENT,
-            '--session goes with --text; in --file, give a line {"text", "session_id"}',
+        raise click.UsageError(
+            '--session goes with --text; in --file, give a line {"text", "session_id"}'
         )
     if turn_file is not None:
         turns = read_turns(turn_file, name=turn_file.name)
@@ -671,7 +676,7 @@ def decide(
             transport=settings.broker_transport,
             transport_options=settings.transport_options,
         ) as conn:
-            Publisher(conn).publish_decision(decision)
+            Publisher(conn, timeout=timeout).publish_decision(decision)
         emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
         if waiter is None:
             return

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 from interlock import Interlock, Status, StatusError
 
@@ -10,13 +12,18 @@ __all__ = ["load_registry"]
 
 
 def load_registry(spec: str | None) -> Interlock:
-    """The `Interlock` registry at `module:attribute` (attribute defaults to `ai`)."""
+    """The `Interlock` registry at `module:attribute` (attribute defaults to `ai`),
+    imported from the path or from the current directory."""
     if not spec:
         raise StatusError(
             Status.INVALID_ARGUMENT,
             "no app given: pass --app MODULE:OBJ (e.g. examples.banking:ai) or set INTERLOCK_APP",
         )
     module_name, _, attr = spec.partition(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # As `celery -A` does: a module in the directory the command runs in is found
+        # (a console script's path starts at its own directory, not this one).
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -9,7 +9,7 @@ from typing import Any
 from events.redis_transport import transport_for
 from interlock import Status, StatusError
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "check_broker_url", "check_store_url"]
 
 DEFAULT_BROKER = "redis://localhost:6379/0"
 DEFAULT_STORE = "sqlite:///interlock.db"
@@ -52,8 +52,8 @@ class Settings:
         """Read `INTERLOCK_*` variables; non-None `overrides` (flags) win."""
         env = os.environ
         base = cls(
-            broker_url=env.get("INTERLOCK_BROKER_URL", DEFAULT_BROKER),
-            store_url=env.get("INTERLOCK_STORE_URL", DEFAULT_STORE),
+            broker_url=env.get("INTERLOCK_BROKER_URL") or DEFAULT_BROKER,  # empty: unset
+            store_url=env.get("INTERLOCK_STORE_URL") or DEFAULT_STORE,
             app=env.get("INTERLOCK_APP") or None,
             secret=env.get("INTERLOCK_SECRET") or None,
             visibility_timeout=int(_seconds("INTERLOCK_VISIBILITY_TIMEOUT", 3600, whole=True)),
@@ -61,7 +61,15 @@ class Settings:
             turn_lease=_seconds("INTERLOCK_TURN_LEASE", 60.0),
             heartbeat_file=env.get("INTERLOCK_HEARTBEAT_FILE") or None,
         )
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+        settings = replace(base, **{k: v for k, v in overrides.items() if v is not None})
+        settings.check_urls()
+        return settings
+
+    def check_urls(self) -> None:
+        """INVALID_ARGUMENT, naming the URL, when the broker URL names no kombu transport
+        or the store URL is no database URL SQLAlchemy knows (nothing is connected)."""
+        check_broker_url(self.broker_url)
+        check_store_url(self.store_url)
 
     def to_env(self) -> dict[str, str]:
         """These settings as `INTERLOCK_*` variables, for a child process."""
@@ -104,3 +112,49 @@ class Settings:
         if self.broker_url.startswith("memory://"):
             options["polling_interval"] = 0.05  # in-process: poll often, it costs nothing
         return options
+
+
+def check_broker_url(url: str) -> None:
+    """A broker URL's scheme must name a kombu transport (`redis://`, `amqp://`,
+    `memory://`, ...)."""
+    from kombu.transport import resolve_transport
+
+    scheme, sep, _ = url.partition("://")
+    name = scheme.partition("+")[0]
+    try:
+        if not sep or not name:
+            raise KeyError(name)
+        resolve_transport(name)
+    except (KeyError, ImportError) as exc:
+        reason = "is not a URL" if not sep else f"names no broker transport kombu has ({exc})"
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"broker URL {_shown(url)!r} {reason}: use redis://HOST:6379/0, "
+            "amqp://USER:PASSWORD@HOST:5672// or memory://",
+        ) from None
+
+
+def check_store_url(url: str) -> None:
+    """A store URL must be a database URL whose dialect SQLAlchemy has (`sqlite:///...`,
+    `postgresql+psycopg://...`)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"store URL {_shown(url)!r} is not a database URL SQLAlchemy can use ({exc}): "
+            "use sqlite:///interlock.db or postgresql+psycopg://USER@HOST/DB",
+        ) from None
+
+
+def _shown(url: str) -> str:
+    """`url` with its password hidden."""
+    head, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    auth, _, host = rest.rpartition("@")
+    user = auth.partition(":")[0]
+    return f"{head}://{user}:***@{host}" if ":" in auth else url
