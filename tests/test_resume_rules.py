@@ -205,6 +205,7 @@ def test_ref_of_a_call_that_completed_beside_the_interrupt() -> None:
     )
     out = agent.run_text("go")
     [paused] = out.interrupts
+    assert out.message is not None
     ran = next(p for p in out.message.content if p.tool_request and p.tool_request.ref == "r1")
     error = rejects(
         Status.INVALID_ARGUMENT,
