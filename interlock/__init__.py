@@ -36,7 +36,7 @@ from .errors import (
 )
 from .interrupts import ToolInterrupt, interrupt, interrupt_as, respond, restart
 from .middleware import Middleware, ToolApproval, approve, deny, is_approval_gate, tool_approval
-from .models import FunctionModel, Model, scripted
+from .models import FunctionModel, Model, ModelError, RetryPolicy, scripted
 from .registry import Interlock
 from .state import RandomSecretWarning
 from .stores import InMemorySessionStore, SessionStore, SqlSessionStore
@@ -58,12 +58,14 @@ __all__ = [
     "Middleware",
     "Model",
     "ModelChunk",
+    "ModelError",
     "ModelRequest",
     "ModelResponse",
     "Part",
     "RandomSecretWarning",
     "ResumeSnapshotNotFoundError",
     "ResumeValidationError",
+    "RetryPolicy",
     "SessionStore",
     "Snapshot",
     "SnapshotNotFoundError",
