@@ -25,13 +25,20 @@ class InterlockError(Exception):
 
 
 class StatusError(InterlockError):
-    """An error with a canonical status. Crosses queues as `{"status", "message"}`."""
+    """An error with a canonical status. Crosses queues as `{"status", "message"}`.
+
+    Built as `StatusError(status, message)`; a subclass also from its message alone
+    (`ResumeValidationError("...")`: its default status), and so is `StatusError("...")`
+    (UNKNOWN) when the text names no status."""
 
     default_status = Status.UNKNOWN
     snapshot_id: str | None = None
     """The failed snapshot kept for inspection, when the turn got far enough to keep one."""
 
     def __init__(self, status: Status | str | None = None, message: str = "") -> None:
+        if isinstance(status, str) and not isinstance(status, Status) and not message:
+            if status not in Status.__members__:  # the message alone
+                message, status = status, self.default_status
         self.status = Status(status) if status is not None else self.default_status
         self.message = message
         super().__init__(f"{self.status.value}: {message}" if message else self.status.value)
@@ -66,9 +73,16 @@ class ToolFailedError(StatusError):
     default_status = Status.INTERNAL
     tool_name: str = ""  # unknown when rebuilt from {"status", "message"}
 
-    def __init__(self, tool_name: str, message: str = "", status: Status | None = None) -> None:
-        self.tool_name = tool_name
-        super().__init__(status or Status.INTERNAL, message or f"tool {tool_name!r} failed")
+    def __init__(
+        self, tool_name: str | Status, message: str = "", status: Status | None = None
+    ) -> None:
+        if isinstance(tool_name, Status):  # StatusError's form: (status, message)
+            status, name = tool_name, ""
+        else:
+            name = tool_name
+        self.tool_name = name
+        fallback = f"tool {name!r} failed" if name else "a tool failed"
+        super().__init__(status or Status.INTERNAL, message or fallback)
 
 
 class ResumeValidationError(StatusError):

@@ -638,6 +638,29 @@ def test_not_found_errors_take_a_message_or_the_status_form(
     assert cls(Status.NOT_FOUND).message == cls().message != ""
 
 
+def test_every_error_takes_a_message_alone_or_the_status_form() -> None:
+    """`ResumeValidationError("...")` has its class's status (it raised ValueError: not a
+    Status); `ToolFailedError(status, message)`, StatusError's order, does not take the
+    status for the tool's name."""
+    plain = ResumeValidationError("refs do not match")
+    assert (plain.status, plain.message) == (Status.INVALID_ARGUMENT, "refs do not match")
+    styled = ResumeValidationError(Status.FAILED_PRECONDITION, "already resumed")
+    assert (styled.status, styled.message) == (Status.FAILED_PRECONDITION, "already resumed")
+    assert (StatusError("boom").status, StatusError("boom").message) == (Status.UNKNOWN, "boom")
+    assert StatusError("ABORTED").message == "", "a status name alone is the status"
+    failed = ToolFailedError(Status.INTERNAL, "the bank is down")
+    assert (failed.tool_name, failed.status, failed.message) == (
+        "",
+        Status.INTERNAL,
+        "the bank is down",
+    )
+    named = ToolFailedError("transferMoney", "the bank is down", Status.UNAVAILABLE)
+    assert (named.tool_name, named.status) == ("transferMoney", Status.UNAVAILABLE)
+    for err in (plain, failed, named):
+        again = pickle.loads(pickle.dumps(err))
+        assert (type(again), again.status, again.message) == (type(err), err.status, err.message)
+
+
 def test_status_of_walks_the_cause_chain() -> None:
     inner = StatusError(Status.PERMISSION_DENIED, "no")
     middle = ValueError("wrapped")
