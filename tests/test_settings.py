@@ -22,7 +22,7 @@ def test_numbers_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
         30.0,
     )
     monkeypatch.setenv("INTERLOCK_TURN_LEASE", "")
-    assert Settings.from_env().turn_lease == 60.0, "empty means the default"
+    assert Settings.from_env().turn_lease == 20.0, "empty means the default"
 
 
 @pytest.mark.parametrize(
@@ -54,3 +54,14 @@ def test_the_cli_says_which_variable_is_wrong(tmp_path: Path) -> None:
         "error: INVALID_ARGUMENT: INTERLOCK_VISIBILITY_TIMEOUT must be a whole number of "
         "seconds greater than 0, got 'soon'"
     )
+
+
+def test_a_busy_turn_is_looked_at_again_within_the_visibility_timeout() -> None:
+    """Half a lease, but never past half the visibility timeout: a retry waiting longer
+    than that would be handed by Redis to other workers again and again."""
+    from workers.app import busy_retry_countdown
+
+    assert Settings().turn_lease == 20.0, "a dead worker's turn is taken over within 20 s"
+    assert busy_retry_countdown(Settings()) == 10.0
+    assert busy_retry_countdown(Settings(visibility_timeout=5)) == 2.5
+    assert busy_retry_countdown(Settings(turn_lease=1.0, visibility_timeout=1)) == 1.0

@@ -71,10 +71,17 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
         except TurnBusy as busy:
             # Never two runs of one turn at once: look again once the lease may be free.
             raise self.retry(
-                exc=busy, countdown=max(1.0, settings.turn_lease / 2), max_retries=None
+                exc=busy, countdown=busy_retry_countdown(settings), max_retries=None
             ) from busy
 
     return app
+
+
+def busy_retry_countdown(settings: Settings) -> float:
+    """When a turn whose lease another worker holds is looked at again: half a lease,
+    and within the visibility timeout, so that Redis does not hand the waiting retry
+    to other workers again and again meanwhile."""
+    return max(1.0, min(settings.turn_lease, settings.visibility_timeout) / 2)
 
 
 def runtime_of(app: Celery) -> Runtime:

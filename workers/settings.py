@@ -13,6 +13,9 @@ __all__ = ["Settings", "check_broker_url", "check_store_url"]
 
 DEFAULT_BROKER = "redis://localhost:6379/0"
 DEFAULT_STORE = "sqlite:///interlock.db"
+DEFAULT_TURN_LEASE = 20.0
+"""Seconds a worker's hold on a running turn lasts unrenewed (renewed every third): how
+long a turn whose worker died waits before another worker takes it over."""
 
 
 def _seconds(name: str, default: float, *, whole: bool = False) -> float:
@@ -44,7 +47,7 @@ class Settings:
     secret: str | None = None
     visibility_timeout: int = 3600
     relay_interval: float = 5.0
-    turn_lease: float = 60.0
+    turn_lease: float = DEFAULT_TURN_LEASE
     heartbeat_file: str | None = None
 
     @classmethod
@@ -58,7 +61,7 @@ class Settings:
             secret=env.get("INTERLOCK_SECRET") or None,
             visibility_timeout=int(_seconds("INTERLOCK_VISIBILITY_TIMEOUT", 3600, whole=True)),
             relay_interval=_seconds("INTERLOCK_RELAY_INTERVAL", 5.0),
-            turn_lease=_seconds("INTERLOCK_TURN_LEASE", 60.0),
+            turn_lease=_seconds("INTERLOCK_TURN_LEASE", DEFAULT_TURN_LEASE),
             heartbeat_file=env.get("INTERLOCK_HEARTBEAT_FILE") or None,
         )
         settings = replace(base, **{k: v for k, v in overrides.items() if v is not None})
