@@ -36,9 +36,9 @@ class StatusError(InterlockError):
     """The failed snapshot kept for inspection, when the turn got far enough to keep one."""
 
     def __init__(self, status: Status | str | None = None, message: str = "") -> None:
-        if isinstance(status, str) and not isinstance(status, Status) and not message:
-            if status not in Status.__members__:  # the message alone
-                message, status = status, self.default_status
+        named = isinstance(status, Status) or status in Status.__members__
+        if isinstance(status, str) and not named and not message:  # the message alone
+            message, status = status, self.default_status
         self.status = Status(status) if status is not None else self.default_status
         self.message = message
         super().__init__(f"{self.status.value}: {message}" if message else self.status.value)
