@@ -1073,9 +1073,9 @@ def hostile(draw: st.DrawFn, targets: list[Paused]) -> Fuzzed:
 
 def readable_id(message: Fuzzed) -> str | None:
     """The decision id an outcome must carry (docs/queues.md, the first check): the
-    message's own when it is JSON within the size limit and names a usable id (whatever
-    its content type), else null."""
-    if len(message.body) > MAX_DECISION_BYTES:
+    message's own when it is JSON (up to 8 MiB, past the 1 MiB limit too) and names a
+    usable id (whatever its content type), else null."""
+    if len(message.body) > 8 * MAX_DECISION_BYTES:
         return None
     try:
         data = json.loads(message.body.decode("utf-8"))

@@ -480,7 +480,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
         (lambda d: {k: v for k, v in d.items() if k != "snapshot_id"}, True, "snapshot_id"),
         (lambda d: {**d, "restart": "all of them"}, True, "restart"),
         (lambda d: {**d, "decision_id": ""}, False, "decision_id"),
-        (lambda d: {**d, "reviewer": "x" * MAX_DECISION_BYTES}, False, "limit"),
+        (lambda d: {**d, "reviewer": "x" * MAX_DECISION_BYTES}, True, "limit"),
         (lambda d: DEEP, False, "nested too deeply"),
         (
             lambda d: {**d, "restart": [{"name": "t", "ref": "r", "resumed": {"x": DEEP}}]},

@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 
 from schemas import (
+    MAX_DECISION_BYTES,
     Decision,
     DecisionRejected,
     ErrorInfo,
@@ -181,3 +182,19 @@ def test_the_run_turn_schema_types_the_input(given: dict[str, Any], valid: bool)
     body = {"schema_version": 1, "turn_id": "t", "agent": "a", "input": given}
     validator = jsonschema.Draft202012Validator(load("run_turn.schema.json"))
     assert validator.is_valid(body) is valid
+
+
+@pytest.mark.parametrize(("size", "readable"), [(2, True), (8, True), (9, False)])
+def test_a_decision_over_the_limit_keeps_its_id_up_to_8_mib(size: int, readable: bool) -> None:
+    """Rejected for its size, it still names its decision_id so the sender can match the
+    rejection; past 8 MiB it is not parsed at all."""
+    from workers.decisions import ParseFailure, parse_decision
+
+    body = {"schema_version": 1, "decision_id": "big-1", "snapshot_id": "s", "reviewer": ""}
+    body["reviewer"] = "x" * (size * MAX_DECISION_BYTES - len(json.dumps(body)))
+    raw = json.dumps(body).encode()
+    assert len(raw) == size * MAX_DECISION_BYTES
+    failure = parse_decision(raw, "application/json")
+    assert isinstance(failure, ParseFailure)
+    assert failure.reason == f"decision is {len(raw)} bytes; the limit is {MAX_DECISION_BYTES}"
+    assert failure.decision_id == ("big-1" if readable else None)

@@ -38,6 +38,10 @@ from .runtime import Runtime
 
 __all__ = ["ParseFailure", "evaluate", "parse_decision", "resume_request", "to_tool_resume"]
 
+_ID_READ_LIMIT = 8 * MAX_DECISION_BYTES
+"""A decision over the limit is still read for its decision_id, up to this size, so its
+sender can match the rejection to what it sent."""
+
 _JSON_TYPES = {"", "application/json", "text/json", "text/plain", "application/octet-stream"}
 
 
@@ -54,7 +58,10 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
     carries the decision_id where one can be read, so its sender can match the outcome."""
     raw = body.encode() if isinstance(body, str) else bytes(body or b"")
     if len(raw) > MAX_DECISION_BYTES:
-        return ParseFailure(f"decision is {len(raw)} bytes; the limit is {MAX_DECISION_BYTES}")
+        return ParseFailure(
+            f"decision is {len(raw)} bytes; the limit is {MAX_DECISION_BYTES}",
+            _readable_id(_read_json(raw)) if len(raw) <= _ID_READ_LIMIT else None,
+        )
     data = _read_json(raw)
     kind = (content_type or "").split(";")[0].strip().lower()
     if kind not in _JSON_TYPES:
