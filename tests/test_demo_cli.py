@@ -293,8 +293,45 @@ def test_empty_variables_count_as_unset(tmp_path: Path) -> None:
     not an unreadable URL."""
     env = child_env(INTERLOCK_STORE_URL="", INTERLOCK_BROKER_URL="")
     result = run_cli("pending", env=env, cwd=tmp_path)
-    assert result.returncode == 0, result.describe()
+    _clear_failure(result, "NOT_FOUND", "no store at interlock.db (sqlite:///interlock.db)")
+    assert run_cli("migrate", env=env, cwd=tmp_path).returncode == 0
     assert (tmp_path / "interlock.db").exists(), "the default store, in the current directory"
+    result = run_cli("pending", env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.describe()
+    assert "no open interrupts" in result.stderr
+
+
+def test_reading_commands_do_not_make_a_store_that_is_not_there(tmp_path: Path) -> None:
+    """A mistyped SQLite path is NOT_FOUND for `pending`, `decide` and `audit`, not an
+    empty store made on the spot that reads as "nothing pending"."""
+    url = f"sqlite:///{tmp_path}/typo.db"
+    for command in (
+        ["pending"],
+        ["decide", "some-snapshot", "--token", "t", "--approve"],
+        ["audit", "some-session"],
+    ):
+        result = run_cli(*command, "--store", url)
+        _clear_failure(result, "NOT_FOUND", f"no store at {tmp_path}/typo.db")
+    assert not (tmp_path / "typo.db").exists()
+
+
+def test_decide_refuses_a_ref_that_is_not_pending(stack: QueueStack, dash: Dashboard) -> None:
+    """Refused before anything is sent: no decision id printed, the pause still open."""
+    paused = dash.paused("Transfer $43 to a typo")
+    [item] = paused.interrupts
+    decided = run_cli(
+        "decide", paused.snapshot_id, "--token", paused.resume_token, "--approve",
+        "--ref", "nope", "--store", stack.store_url, "--broker", stack.broker_url,
+    )  # fmt: skip
+    _clear_failure(
+        decided,
+        "INVALID_ARGUMENT",
+        f"--ref nope is no pending interrupt of snapshot {paused.snapshot_id} "
+        f"(pending: {item.ref})",
+    )
+    assert decided.stdout == ""
+    listed = run_cli("pending", "--store", stack.store_url, "--session", paused.session_id)
+    assert [x["snapshot_id"] for x in listed.json_lines()] == [paused.snapshot_id]
 
 
 def test_app_module_in_the_current_directory(stack: QueueStack, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
@@ -23,6 +24,8 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from celery import Celery
+
+    from interlock import SqlSessionStore
 
     from .turn_file import FileTurn
 
@@ -87,6 +90,25 @@ def redact(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
         return url.split("@")[-1]
+
+
+def read_store(url: str) -> SqlSessionStore:
+    """The store at `url`, for a command that only reads it (`pending`, `decide`,
+    `audit`): a SQLite file that does not exist is NOT_FOUND, not a new empty store
+    (a mistyped path would otherwise read as "nothing pending")."""
+    from sqlalchemy.engine import make_url
+
+    from interlock import SqlSessionStore
+
+    parsed = make_url(url)
+    path = parsed.database or ""
+    a_file = parsed.get_backend_name() == "sqlite" and path not in ("", ":memory:")
+    if a_file and not path.startswith("file:") and not Path(path).exists():
+        raise StatusError(
+            Status.NOT_FOUND,
+            f"no store at {path} ({redact(url)}): check --store or INTERLOCK_STORE_URL",
+        )
+    return SqlSessionStore(url)
 
 
 app_option = click.option(
@@ -502,9 +524,9 @@ def _send_turns(
 @clear_errors
 def pending(store: str | None, session_id: str | None, limit: int) -> None:
     """List the open interrupts, one JSON line each (newest first)."""
-    from interlock import FinishReason, SnapshotStatus, SqlSessionStore
+    from interlock import FinishReason, SnapshotStatus
 
-    sql = SqlSessionStore(settings_of(store=store).store_url)
+    sql = read_store(settings_of(store=store).store_url)
     try:
         snaps = sql.list_snapshots(
             session_id=session_id,
@@ -600,9 +622,9 @@ def decide(
     With --wait, then prints that outcome (a rejection exits 1) and, once accepted, the
     event that ends the resumed turn."""
     from events.publisher import Publisher
-    from interlock import SqlSessionStore, is_approval_gate
     from interlock import approve as approve_call
     from interlock import deny as deny_call
+    from interlock import is_approval_gate
     from interlock.resume import pending_interrupts
     from schemas import Decision, RespondEntry, RestartEntry
 
@@ -618,7 +640,7 @@ def decide(
         except ValueError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--respond") from None
     settings = settings_of(broker=broker, store=store)
-    sql = SqlSessionStore(settings.store_url)
+    sql = read_store(settings.store_url)
     try:
         snap = sql.get_snapshot(snapshot_id)
     finally:
@@ -635,6 +657,13 @@ def decide(
     if not wanted:
         raise StatusError(
             Status.FAILED_PRECONDITION, f"snapshot {snapshot_id} has no pending interrupt"
+        )
+    unknown = [ref for ref in wanted if ref not in names]
+    if unknown:  # refused here, before anything is sent
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"--ref {unknown[0]} is no pending interrupt of snapshot {snapshot_id} "
+            f"(pending: {', '.join(names)})",
         )
     respond_entries: list[RespondEntry | Part] = []
     restart_entries: list[RestartEntry | Part] = []
@@ -857,11 +886,10 @@ def audit(session_id: str, store: str | None) -> None:
     """Print a session's history of interrupts, decisions and outcomes, one JSON line
     each, oldest first."""
     from events.decision_log import DecisionLog
-    from interlock import SqlSessionStore
 
     from .audit import session_history
 
-    sql = SqlSessionStore(settings_of(store=store).store_url)
+    sql = read_store(settings_of(store=store).store_url)
     try:
         entries = session_history(sql, DecisionLog(sql), session_id)
     finally:
