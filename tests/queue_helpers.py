@@ -142,13 +142,18 @@ class CliResult:
 
 
 def run_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 90.0, cwd: Path | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 90.0,
+    cwd: Path | None = None,
+    stdin: str | None = None,
 ) -> CliResult:
-    """Run `interlock ARGS...` to the end; never raises on a non-zero exit."""
+    """Run `interlock ARGS...` to the end (`stdin`: piped to it; else none); never raises
+    on a non-zero exit."""
     proc = subprocess.run(
         [interlock_bin(), *args],
         env=env if env is not None else child_env(),
-        stdin=subprocess.DEVNULL,
+        **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -103,6 +103,30 @@ def test_every_command_and_option_says_what_it_is_for() -> None:
     assert bare == [], f"commands and options with no help text: {bare}"
     result = run_cli("pending", "--help", timeout=60)
     assert result.returncode == 0 and "At most this many" in result.stdout, result.describe()
+    listed = run_cli("--help", timeout=60)
+    commands = listed.stdout.split("Commands:")[1].strip().splitlines()
+    assert len(commands) == len(main.commands), listed.describe()
+    cut = [line for line in commands if line.rstrip().endswith("...")]
+    assert cut == [], f"summaries cut short in `interlock --help`: {cut}"
+    assert "interlock migrate" in listed.stdout, "the first step of a deployment"
+
+
+def test_numbers_that_cannot_work_are_usage_errors(tmp_path: Path) -> None:
+    for args, flag in (
+        (["decide", "s", "--token", "t", "--approve", "--timeout", "-1"], "--timeout"),
+        (["submit", "--agent", "a", "--text", "hi", "--timeout", "0"], "--timeout"),
+        (["demo", "--timeout", "0"], "--timeout"),
+        (["worker", "--concurrency", "0"], "--concurrency"),
+    ):
+        result = run_cli(*args, cwd=tmp_path, timeout=60)
+        assert result.returncode == 2, result.describe()
+        assert f"Invalid value for '{flag}'" in result.stderr, result.describe()
+
+
+def test_schemas_check_names_missing_files(tmp_path: Path) -> None:
+    result = run_cli("schemas", "--check", "--out", str(tmp_path / "none"), timeout=60)
+    assert result.returncode == 1, result.describe()
+    assert result.stderr.startswith(f"error: no schema files in {tmp_path}/none"), result.stderr
 
 
 def test_migrate_erases_tokens_an_older_release_kept(tmp_path: Path, pg_url: str) -> None:

@@ -81,6 +81,26 @@ def test_demo_in_process(demo_runs: dict[str, tuple[CliResult, Path]]) -> None:
     assert line["text"].startswith("Done: transferred $500.00 to savings, transaction txn-")
 
 
+@pytest.mark.parametrize(
+    ("piped", "ends"),
+    [("n\n", "was declined."), ("yes\n", "transaction txn-"), ("", "transaction txn-")],
+)
+def test_demo_reads_the_answer_from_a_pipe(tmp_path: Path, piped: str, ends: str) -> None:
+    """No terminal: a line y or n on standard input answers; none approves (said so)."""
+    result = run_cli("demo", "--in-process", cwd=tmp_path, timeout=60, stdin=piped)
+    assert result.returncode == 0, result.describe()
+    [line] = result.json_lines()
+    assert ends in line["text"], result.describe()
+    said = "(read from standard input)" if piped else "(no terminal to ask: approving"
+    assert said in result.stdout, result.describe()
+
+
+def test_demo_refuses_a_piped_answer_it_cannot_read(tmp_path: Path) -> None:
+    result = run_cli("demo", "--in-process", cwd=tmp_path, timeout=60, stdin="maybe\n")
+    assert result.returncode == 2, result.describe()
+    assert "answer y or n on standard input, not 'maybe'" in result.stderr
+
+
 def test_demo_refuses_approve_and_deny_together(tmp_path: Path) -> None:
     result = run_cli("demo", "--approve", "--deny", cwd=tmp_path, timeout=60)
     assert result.returncode == 2, result.describe()

@@ -140,7 +140,11 @@ wait_option = click.option(
     help="Then wait for what follows on the queues and print each event as a JSON line.",
 )
 timeout_option = click.option(
-    "--timeout", default=60.0, show_default=True, help="Seconds to wait for each event."
+    "--timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds to wait for each event.",
 )
 burst_option = click.option(
     "--burst", is_flag=True, help="Serve what is queued, then exit once there is nothing to do."
@@ -264,18 +268,26 @@ def main() -> None:
     """Interlock: agents that pause for a human and resume where they stopped.
 
     Start with `interlock demo`. In production run `interlock worker` and
-    `interlock resume-consumer`, submit turns with `interlock submit`, list what waits
-    with `interlock pending` and answer with `interlock decide`."""
+    `interlock resume-consumer` (after `interlock migrate`, once, to create the store's
+    tables), submit turns with `interlock submit`, list what waits with `interlock
+    pending` and answer with `interlock decide`."""
 
 
 # -- long-running processes ---------------------------------------------------------------
 
 
-@main.command()
+@main.command(short_help="Run a Celery worker for interlock.run_turn.")
 @app_option
 @broker_option
 @store_option
-@click.option("--concurrency", "-c", default=2, show_default=True, help="Worker processes.")
+@click.option(
+    "--concurrency",
+    "-c",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Worker processes.",
+)
 @click.option(
     "--pool",
     default="prefork",
@@ -351,14 +363,17 @@ def worker(
     os.execve(sys.executable, argv, env)
 
 
-@main.command("resume-consumer")
+@main.command(
+    "resume-consumer", short_help="Run the resume consumer: decisions in, resumed turns out."
+)
 @app_option
 @broker_option
 @store_option
 @click.option(
     "--heartbeat-file",
     envvar="INTERLOCK_HEARTBEAT_FILE",
-    help="File touched while the consumer serves (for health checks).",
+    help="File touched while the consumer serves (for health checks). "
+    "[env: INTERLOCK_HEARTBEAT_FILE]",
 )
 @burst_option
 @idle_option
@@ -421,7 +436,7 @@ def resume_consumer(
 # -- one-shot commands -------------------------------------------------------------------
 
 
-@main.command()
+@main.command(short_help="Enqueue a turn (or a file of them).")
 @app_option
 @broker_option
 @store_option
@@ -515,7 +530,7 @@ def _send_turns(
     return sent
 
 
-@main.command()
+@main.command(short_help="List the open interrupts.")
 @store_option
 @click.option("--session", "session_id", help="Only this session.")
 @click.option(
@@ -562,7 +577,7 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
         sql.dispose()
 
 
-@main.command()
+@main.command(short_help="Answer a paused turn: approve, deny or respond.")
 @click.argument("snapshot_id")
 @broker_option
 @store_option
@@ -721,7 +736,7 @@ def decide(
             waiter.close()
 
 
-@main.command()
+@main.command(short_help="The banking agent end to end; no server needed.")
 @click.option("--approve", is_flag=True, help="Approve without asking.")
 @click.option("--deny", is_flag=True, help="Deny without asking.")
 @click.option("--text", default=DEMO_TEXT, show_default=True, help="What the user asks.")
@@ -731,9 +746,20 @@ def decide(
     help="Run against a running worker and resume consumer on this broker "
     "(default: everything in this process, no server needed).",
 )
-@click.option("--store", default=None, help="Store URL, with --broker (shared with the worker).")
+@click.option(
+    "--store",
+    default=None,
+    help="Store URL: with --broker, the one the worker uses; without it, where the demo's "
+    "own store is kept (default: a temporary SQLite file).",
+)
 @click.option("--in-process", is_flag=True, help="Skip the queues: call the agent directly.")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for each hop.")
+@click.option(
+    "--timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds to wait for each hop.",
+)
 @click.option(
     "--model",
     default=None,
@@ -772,10 +798,15 @@ def demo(
     )
     emit(result)
     if result.get("type") != "turn.completed":
-        raise StatusError(message=f"the demo ended with {result.get('type')}")
+        error = result.get("error") or {}
+        raise StatusError(
+            error.get("status") or Status.UNKNOWN,
+            f"the demo ended with {result.get('type')}"
+            + (f": {error['message']}" if error.get("message") else ""),
+        )
 
 
-@main.command()
+@main.command(short_help="Create the store's tables (once per deployment).")
 @store_option
 @clear_errors
 def migrate(store: str | None) -> None:
@@ -803,7 +834,7 @@ def migrate(store: str | None) -> None:
     emit({"store": redact(settings.store_url), "tables": tables, "tokens_erased": erased})
 
 
-@main.command()
+@main.command(short_help="Check the broker, the store and a consumer's heartbeat.")
 @broker_option
 @store_option
 @click.option("--heartbeat-file", help="Also require this file to have been touched recently.")
@@ -846,7 +877,7 @@ def health(
         sys.exit(1)
 
 
-@main.command()
+@main.command(short_help="Write or check the JSON Schemas of the queue messages.")
 @click.option(
     "--out",
     "out_dir",
@@ -863,22 +894,26 @@ def schemas(out_dir: str, check: bool) -> None:
     from schemas.json_schema import message_schemas, render
 
     folder = Path(out_dir)
-    stale = []
+    stale, missing = [], []
     for name, schema in sorted(message_schemas().items()):
         path = folder / name
         text = render(schema)
-        if check:
-            if not path.exists() or path.read_text() != text:
+        if check and not path.exists():
+            missing.append(str(path))
+        elif check:
+            if path.read_text() != text:
                 stale.append(str(path))
         else:
             folder.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
+    if missing:
+        fail(f"no schema files in {folder} (run `make schemas`): missing " + ", ".join(missing))
     if stale:
         fail("schemas are out of date (run `make schemas`): " + ", ".join(stale))
     emit({"schemas": str(folder), "checked" if check else "written": len(message_schemas())})
 
 
-@main.command()
+@main.command(short_help="A session's interrupts, decisions and outcomes.")
 @click.argument("session_id")
 @store_option
 @clear_errors

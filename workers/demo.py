@@ -21,7 +21,13 @@ def ask_human(approve: bool | None) -> Decide:
     def decide(part: Part) -> bool:
         if approve is not None:
             return approve
-        if not sys.stdin.isatty():
+        if not sys.stdin.isatty():  # piped: a line "y" or "n" answers; none approves
+            line = sys.stdin.readline().strip().lower()
+            if line in ("y", "yes", "n", "no"):
+                click.echo(f"  Approve this transfer? {line} (read from standard input)")
+                return line.startswith("y")
+            if line:
+                raise click.UsageError(f"answer y or n on standard input, not {line!r}")
             click.echo("  (no terminal to ask: approving; pass --deny to decline)")
             return True
         return click.confirm("  Approve this transfer?", default=False)
@@ -70,7 +76,7 @@ def run_on_queues(
     store: str | None = None,
     timeout: float = 60.0,
     model: str | None = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """The banking flow through the queues: submit → turn.interrupted → decision →
     decision.accepted → turn.completed. With no `broker`, everything runs here: an
     in-memory broker, an embedded worker, the resume consumer and a SQLite store.
@@ -185,12 +191,13 @@ def run_on_queues(
             _hop(f"✔  turn.completed: {_text(result)}")
         else:
             _hop(f"✘  {event.type}: {result.get('error')}")
-        return {
+        ended = {
             "type": event.type,
             "session_id": session_id,
             "snapshot_id": event.snapshot_id,
             "text": _text(result),
         }
+        return {**ended, "error": result["error"]} if result.get("error") else ended
 
 
 def _text(result: dict[str, Any]) -> str:
