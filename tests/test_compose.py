@@ -53,6 +53,7 @@ def test_services_present() -> None:
     env = services["worker"]["environment"]
     for var in ("INTERLOCK_APP", "INTERLOCK_BROKER_URL", "INTERLOCK_STORE_URL", "INTERLOCK_SECRET"):
         assert var in env
+    assert env["INTERLOCK_SECRET"] == "${INTERLOCK_SECRET:-}", "no secret everyone knows"
     consumer_check = " ".join(services["resume-consumer"]["healthcheck"]["test"])
     assert "--heartbeat-file" in consumer_check
 
