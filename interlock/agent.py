@@ -342,6 +342,13 @@ class Agent:
         if snap is None or not snap.is_interrupted:
             return
         if snap.resumed_by is not None and not base.from_state:
+            latest = self.store.get_latest_snapshot(snap.session_id) if self.store else None
+            if latest is not None and latest.snapshot_id != snap.snapshot_id:
+                raise StatusError(  # addressed by snapshot_id=, after its resume went on
+                    Status.FAILED_PRECONDITION,
+                    f"snapshot {snap.snapshot_id} was already resumed: continue the session "
+                    f"from its latest snapshot (session_id={snap.session_id})",
+                )
             raise StatusError(
                 Status.FAILED_PRECONDITION,
                 f"session {base.session_id} is being resumed (snapshot {snap.snapshot_id}): "

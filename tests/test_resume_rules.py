@@ -889,6 +889,30 @@ def test_new_message_while_a_resume_is_under_way_is_refused() -> None:
     assert rig.runs == [None]
 
 
+def test_new_message_on_a_pause_answered_since_names_where_to_go_on() -> None:
+    """Addressed by snapshot_id= after its resume ended, the pause is no longer "being
+    resumed": the message says it was, and how to continue."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    done = rig.agent.run(
+        ToolResume(respond=[rig.gate.respond(out.interrupts[0], {"value": 1})]),
+        session_id=out.session_id,
+    )
+    assert done.finish_reason is FinishReason.STOP
+    before = rig.snapshot_count()
+    rejects(
+        Status.FAILED_PRECONDITION,
+        f"snapshot {out.snapshot_id} was already resumed: continue the session from its "
+        f"latest snapshot (session_id={out.session_id})",
+        rig.agent.run_text,
+        "something else",
+        snapshot_id=out.snapshot_id,
+    )
+    assert rig.snapshot_count() == before
+    again = rig.agent.run_text("something else", session_id=out.session_id)  # goes on
+    assert again.snapshot_id not in (out.snapshot_id, done.snapshot_id)
+
+
 # -- the claim once the turn is over, or cut short ---------------------------------------------
 
 
