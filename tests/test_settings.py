@@ -65,3 +65,23 @@ def test_a_busy_turn_is_looked_at_again_within_the_visibility_timeout() -> None:
     assert busy_retry_countdown(Settings()) == 10.0
     assert busy_retry_countdown(Settings(visibility_timeout=5)) == 2.5
     assert busy_retry_countdown(Settings(turn_lease=1.0, visibility_timeout=1)) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+        ("amqp://guest:guest@h:5672//", "amqp://guest:***@h:5672//"),
+        (
+            "postgresql+psycopg://u:p@ss@h/db?sslmode=require",
+            "postgresql+psycopg://u:***@h/db?sslmode=require",
+        ),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_urls_are_shown_without_their_password(url: str, shown: str) -> None:
+    from workers.settings import redact_url
+
+    assert redact_url(url) == shown

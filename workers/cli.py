@@ -20,7 +20,7 @@ from kombu.connection import Connection
 
 from interlock import AgentInput, InterlockError, Message, Part, Status, StatusError, status_of
 
-from .settings import Settings
+from .settings import Settings, redact_url
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -83,15 +83,6 @@ def unreachable(exc: Exception) -> str | None:
     return None
 
 
-def redact(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url.split("@")[-1]
-
-
 def read_store(url: str) -> SqlSessionStore:
     """The store at `url`, for a command that only reads it (`pending`, `decide`,
     `audit`): a SQLite file that does not exist is NOT_FOUND, not a new empty store
@@ -106,7 +97,7 @@ def read_store(url: str) -> SqlSessionStore:
     if a_file and not path.startswith("file:") and not Path(path).exists():
         raise StatusError(
             Status.NOT_FOUND,
-            f"no store at {path} ({redact(url)}): check --store or INTERLOCK_STORE_URL",
+            f"no store at {path} ({redact_url(url)}): check --store or INTERLOCK_STORE_URL",
         )
     return SqlSessionStore(url)
 
@@ -328,8 +319,8 @@ def worker(
         {
             "worker": "starting",
             "app": settings.app,
-            "broker": redact(settings.broker_url),
-            "store": redact(settings.store_url),
+            "broker": redact_url(settings.broker_url),
+            "store": redact_url(settings.store_url),
             "concurrency": concurrency,
             "pool": pool,
             "burst": burst,
@@ -412,8 +403,8 @@ def resume_consumer(
         {
             "resume_consumer": "starting",
             "app": settings.app,
-            "broker": redact(settings.broker_url),
-            "store": redact(settings.store_url),
+            "broker": redact_url(settings.broker_url),
+            "store": redact_url(settings.store_url),
             "burst": burst,
         }
     )
@@ -831,7 +822,7 @@ def migrate(store: str | None) -> None:
         )
     finally:
         sql.dispose()
-    emit({"store": redact(settings.store_url), "tables": tables, "tokens_erased": erased})
+    emit({"store": redact_url(settings.store_url), "tables": tables, "tokens_erased": erased})
 
 
 @main.command(short_help="Check the broker, the store and a consumer's heartbeat.")

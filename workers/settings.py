@@ -9,7 +9,7 @@ from typing import Any
 from events.redis_transport import transport_for
 from interlock import Status, StatusError
 
-__all__ = ["Settings", "check_broker_url", "check_store_url"]
+__all__ = ["Settings", "check_broker_url", "check_store_url", "redact_url"]
 
 DEFAULT_BROKER = "redis://localhost:6379/0"
 DEFAULT_STORE = "sqlite:///interlock.db"
@@ -132,7 +132,7 @@ def check_broker_url(url: str) -> None:
         reason = "is not a URL" if not sep else f"names no broker transport kombu has ({exc})"
         raise StatusError(
             Status.INVALID_ARGUMENT,
-            f"broker URL {_shown(url)!r} {reason}: use redis://HOST:6379/0, "
+            f"broker URL {redact_url(url)!r} {reason}: use redis://HOST:6379/0, "
             "amqp://USER:PASSWORD@HOST:5672// or memory://",
         ) from None
 
@@ -148,13 +148,13 @@ def check_store_url(url: str) -> None:
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise StatusError(
             Status.INVALID_ARGUMENT,
-            f"store URL {_shown(url)!r} is not a database URL SQLAlchemy can use ({exc}): "
+            f"store URL {redact_url(url)!r} is not a database URL SQLAlchemy can use ({exc}): "
             "use sqlite:///interlock.db or postgresql+psycopg://USER@HOST/DB",
         ) from None
 
 
-def _shown(url: str) -> str:
-    """`url` with its password hidden."""
+def redact_url(url: str) -> str:
+    """`url` with its password hidden (`redis://:***@host`), for messages and output."""
     head, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url
