@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
-from collections.abc import Callable
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from interlock import AgentOutput, Part, ToolResume
 
+if TYPE_CHECKING:
+    from celery import Celery
+
 __all__ = ["ask_human", "run_in_process", "show_interrupt"]
 
 Decide = Callable[[Part], bool]
+
+_WORKER_STOP_WAIT = 0.5
+"""Seconds the demo waits for its embedded worker and resume consumer to stop before it
+ends the process (both are idle by then, and are daemon threads)."""
 
 
 def ask_human(approve: bool | None) -> Decide:
@@ -82,11 +92,8 @@ def run_on_queues(
     in-memory broker, an embedded worker, the resume consumer and a SQLite store.
     `model` (`provider/model`, embedded only) runs the agent on a real model."""
     import tempfile
-    import threading
     import uuid
     from contextlib import ExitStack
-
-    from celery.contrib.testing.worker import start_worker
 
     from events.publisher import Publisher
     from events.stream import EventStream
@@ -125,16 +132,14 @@ def run_on_queues(
         stack.callback(events.close, True)
         if embedded:
             _hop(f"·  embedded: broker {broker}, store {store}, worker and resume consumer")
-            stack.enter_context(
-                start_worker(app, pool="solo", perform_ping_check=False, loglevel="WARNING")
-            )
+            stack.enter_context(_embedded_worker(app))
             consumer = ResumeConsumer(app)
             thread = threading.Thread(target=consumer.run, daemon=True)
             thread.start()
 
             def stop_consumer() -> None:
                 consumer.should_stop = True
-                thread.join(timeout=10)
+                thread.join(_WORKER_STOP_WAIT)  # it looks every second; idle by now
 
             stack.callback(stop_consumer)
 
@@ -204,3 +209,35 @@ def _text(result: dict[str, Any]) -> str:
     """The text of an event's message (a real model may put reasoning before it)."""
     content = (result.get("message") or {}).get("content") or []
     return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+
+
+@contextlib.contextmanager
+def _embedded_worker(app: Celery) -> Iterator[None]:
+    """A solo-pool Celery worker in a thread of this process, as celery's
+    `contrib.testing.worker.start_worker` runs one, but quick to leave: the worker looks
+    for the stop request only every 2 s, and this process is about to end, so it is told
+    to stop and not waited for longer than that takes when it is idle."""
+    from celery.contrib.testing.worker import TestWorkController, setup_app_for_worker
+    from celery.worker import state
+
+    setup_app_for_worker(app, "WARNING", None)
+    worker = TestWorkController(
+        app=app,
+        concurrency=1,
+        hostname=f"interlock-demo-{os.getpid()}@localhost",
+        pool="solo",
+        loglevel="WARNING",
+        logfile=None,
+        ready_callback=None,
+        without_heartbeat=True,
+        without_mingle=True,
+        without_gossip=True,
+    )
+    thread = threading.Thread(target=worker.start, name="interlock-demo-worker", daemon=True)
+    thread.start()
+    worker.ensure_started()
+    try:
+        yield
+    finally:
+        state.should_terminate = 0
+        thread.join(_WORKER_STOP_WAIT)
