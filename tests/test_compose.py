@@ -54,8 +54,10 @@ def test_services_present() -> None:
     for var in ("INTERLOCK_APP", "INTERLOCK_BROKER_URL", "INTERLOCK_STORE_URL", "INTERLOCK_SECRET"):
         assert var in env
     assert env["INTERLOCK_SECRET"] == "${INTERLOCK_SECRET:-}", "no secret everyone knows"
-    consumer_check = " ".join(services["resume-consumer"]["healthcheck"]["test"])
-    assert "--heartbeat-file" in consumer_check
+    for name in ("worker", "resume-consumer"):  # alive, not only broker and store up
+        check = services[name]["healthcheck"]["test"]
+        beat = check[check.index("--heartbeat-file") + 1]
+        assert f"--heartbeat-file {beat}" in " ".join(services[name]["command"]), name
 
 
 def test_every_service_runs_interlock() -> None:

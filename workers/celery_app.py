@@ -12,9 +12,11 @@ from events.topology import TURNS
 
 from .app import create_app, runtime_of
 from .burst import BURST_CONNECT_RETRIES, WorkerBurst, burst_idle
+from .heartbeat import WorkerHeartbeat
 from .settings import Settings
 
 app = create_app(Settings.from_env())
+app.steps["consumer"].add(WorkerHeartbeat)  # INTERLOCK_HEARTBEAT_FILE, if set
 if burst_idle() is not None:  # a batch job: give up on a broker that is not there
     app.conf.broker_connection_max_retries = BURST_CONNECT_RETRIES
 

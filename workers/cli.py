@@ -293,6 +293,12 @@ def main() -> None:
     show_default=True,
     help="Log level of the worker and its turns (DEBUG, INFO, WARNING, ERROR).",
 )
+@click.option(
+    "--heartbeat-file",
+    envvar="INTERLOCK_HEARTBEAT_FILE",
+    help="File touched every 5 s from the worker's own loop while it serves (for health "
+    "checks: `interlock health --heartbeat-file`). [env: INTERLOCK_HEARTBEAT_FILE]",
+)
 @burst_option
 @idle_option
 @clear_errors
@@ -303,6 +309,7 @@ def worker(
     concurrency: int,
     pool: str,
     loglevel: str,
+    heartbeat_file: str | None,
     burst: bool,
     idle: float,
 ) -> None:
@@ -313,7 +320,9 @@ def worker(
     from .burst import BURST_ENV
     from .loader import load_registry
 
-    settings = settings_of(app, broker, store)
+    settings = Settings.from_env(
+        app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+    )
     load_registry(settings.app)  # fail here, clearly, rather than inside Celery
     emit(
         {
@@ -825,10 +834,14 @@ def migrate(store: str | None) -> None:
     emit({"store": redact_url(settings.store_url), "tables": tables, "tokens_erased": erased})
 
 
-@main.command(short_help="Check the broker, the store and a consumer's heartbeat.")
+@main.command(short_help="Check the broker, the store and a process's heartbeat.")
 @broker_option
 @store_option
-@click.option("--heartbeat-file", help="Also require this file to have been touched recently.")
+@click.option(
+    "--heartbeat-file",
+    help="Also require this file (a worker's or a resume consumer's --heartbeat-file) to "
+    "have been touched recently.",
+)
 @click.option("--max-age", default=30.0, show_default=True, help="Seconds, with --heartbeat-file.")
 @clear_errors
 def health(
