@@ -491,9 +491,9 @@ DEEP = "[" * 100_000 + "]" * 100_000
         (lambda d: {**d, "snapshot_id": "nul\u0000snapshot"}, True, "NUL"),
         (lambda d: {**d, "reviewer": "nul\u0000reviewer"}, True, "NUL"),
         (lambda d: {**d, "restart": [{"name": "t\u0000", "ref": "r"}]}, True, "NUL"),
-        (lambda d: {**d, "schema_version": True}, True, "schema_version"),
-        (lambda d: {**d, "reviewer": float("nan")}, False, "NaN is not a JSON value"),
-        (lambda d: {**d, "reviewer": float("inf")}, False, "Infinity is not a JSON value"),
+        (lambda d: {**d, "schema_version": True}, True, "unknown schema_version true;"),
+        (lambda d: {**d, "reviewer": float("nan")}, True, "NaN is not a JSON value"),
+        (lambda d: {**d, "reviewer": float("inf")}, True, "Infinity is not a JSON value"),
     ],
     ids=[
         "array",

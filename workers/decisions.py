@@ -67,17 +67,17 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
     if kind not in _JSON_TYPES:
         return ParseFailure(
             f"content type {content_type!r} is not accepted: send JSON",
-            None if isinstance(data, ParseFailure) else _readable_id(data),
+            _lenient_id(raw) if isinstance(data, ParseFailure) else _readable_id(data),
         )
     if isinstance(data, ParseFailure):
-        return data
+        return ParseFailure(data.reason, _lenient_id(raw))
     if not isinstance(data, dict):
         return ParseFailure(f"decision must be a JSON object, not {type(data).__name__}")
     decision_id = _readable_id(data)
     version = data.get("schema_version")
     if isinstance(version, bool) or version != 1:  # true == 1 in Python, not in JSON
         return ParseFailure(
-            f"unknown schema_version {data.get('schema_version')!r}; this consumer reads 1",
+            f"unknown schema_version {json.dumps(version)}; this consumer reads 1",
             decision_id,
         )
     bad = unstorable(data)
@@ -107,6 +107,15 @@ def _readable_id(data: Any) -> str | None:
     if isinstance(found, str) and 0 < len(found) <= 200 and unstorable(found) is None:
         return found
     return None
+
+
+def _lenient_id(raw: bytes) -> str | None:
+    """The decision_id of a body that is no strict JSON only for NaN or Infinity (which
+    Python's reader takes): its sender can still match the rejection."""
+    try:
+        return _readable_id(json.loads(raw.decode("utf-8-sig")))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
 
 
 def _no_constant(name: str) -> Any:
