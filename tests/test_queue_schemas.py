@@ -198,3 +198,12 @@ def test_a_decision_over_the_limit_keeps_its_id_up_to_8_mib(size: int, readable:
     assert isinstance(failure, ParseFailure)
     assert failure.reason == f"decision is {len(raw)} bytes; the limit is {MAX_DECISION_BYTES}"
     assert failure.decision_id == ("big-1" if readable else None)
+
+
+def test_an_oversized_decision_with_nan_still_names_its_id() -> None:
+    from workers.decisions import ParseFailure, parse_decision
+
+    body = '{"schema_version": 1, "decision_id": "big-nan", "reviewer": NaN, "pad": "%s"}'
+    raw = (body % ("x" * MAX_DECISION_BYTES)).encode()
+    failure = parse_decision(raw, "application/json")
+    assert isinstance(failure, ParseFailure) and failure.decision_id == "big-nan"

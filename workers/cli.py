@@ -87,9 +87,15 @@ def read_store(url: str) -> SqlSessionStore:
     """The store at `url`, for a command that only reads it (`pending`, `decide`,
     `audit`): a SQLite file that does not exist is NOT_FOUND, not a new empty store
     (a mistyped path would otherwise read as "nothing pending")."""
-    from sqlalchemy.engine import make_url
-
     from interlock import SqlSessionStore
+
+    check_store_exists(url)
+    return SqlSessionStore(url)
+
+
+def check_store_exists(url: str) -> None:
+    """NOT_FOUND when `url` is a SQLite file that is not there."""
+    from sqlalchemy.engine import make_url
 
     parsed = make_url(url)
     path = parsed.database or ""
@@ -99,7 +105,6 @@ def read_store(url: str) -> SqlSessionStore:
             Status.NOT_FOUND,
             f"no store at {path} ({redact_url(url)}): check --store or INTERLOCK_STORE_URL",
         )
-    return SqlSessionStore(url)
 
 
 app_option = click.option(
@@ -864,6 +869,7 @@ def health(
     except Exception as exc:
         report["broker"] = f"error: {exc}"
     try:
+        check_store_exists(settings.store_url)  # connecting would make an empty one
         engine = make_engine(settings.store_url)  # the store's own URL options understood
         with engine.connect() as db:
             db.execute(text("SELECT 1"))

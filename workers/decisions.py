@@ -60,7 +60,7 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
     if len(raw) > MAX_DECISION_BYTES:
         return ParseFailure(
             f"decision is {len(raw)} bytes; the limit is {MAX_DECISION_BYTES}",
-            _readable_id(_read_json(raw)) if len(raw) <= _ID_READ_LIMIT else None,
+            _lenient_id(raw) if len(raw) <= _ID_READ_LIMIT else None,
         )
     data = _read_json(raw)
     kind = (content_type or "").split(";")[0].strip().lower()
@@ -110,8 +110,8 @@ def _readable_id(data: Any) -> str | None:
 
 
 def _lenient_id(raw: bytes) -> str | None:
-    """The decision_id of a body that is no strict JSON only for NaN or Infinity (which
-    Python's reader takes): its sender can still match the rejection."""
+    """The decision_id of a refused body, read as Python's reader reads JSON (which
+    takes NaN and Infinity): its sender can still match the rejection."""
     try:
         return _readable_id(json.loads(raw.decode("utf-8-sig")))
     except (UnicodeDecodeError, ValueError, RecursionError):
