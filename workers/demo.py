@@ -241,3 +241,5 @@ def _embedded_worker(app: Celery) -> Iterator[None]:
     finally:
         state.should_terminate = 0
         thread.join(_WORKER_STOP_WAIT)
+        if not thread.is_alive():  # else it still has to see the request, and stop
+            state.should_terminate = None
