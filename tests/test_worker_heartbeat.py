@@ -29,6 +29,7 @@ def test_a_serving_worker_keeps_its_heartbeat_fresh(tmp_path: Path, redis_url: s
     beat = tmp_path / "worker.alive"
     store = f"sqlite:///{tmp_path}/i.db"
     where = ["--broker", redis_url, "--store", store]
+    assert run_cli("migrate", "--store", store, timeout=60).returncode == 0
     worker = Service(
         "worker",
         ["worker", "--app", APP, *where, "--concurrency", "1", "--heartbeat-file", str(beat)],
