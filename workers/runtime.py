@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from functools import cached_property
 
 from kombu.connection import Connection
@@ -14,6 +12,7 @@ from events.publisher import Publisher
 from interlock import Agent, Interlock, SqlSessionStore
 from interlock.stores.sql_journal import SqlTurnJournal
 
+from .holders import process_id
 from .loader import load_registry
 from .settings import Settings
 
@@ -46,7 +45,8 @@ class Runtime:
 
     @property
     def worker_id(self) -> str:
-        return f"{socket.gethostname()}:{os.getpid()}"
+        """`HOST:PIDNS:PID` of this process (the start of its lease owners)."""
+        return process_id()
 
     @cached_property
     def decisions(self) -> DecisionLog:

@@ -21,6 +21,7 @@ from interlock.tools import brief
 from schemas import SnapshotStatus, TurnFailed, TurnRequest
 
 from .decisions import unstorable
+from .holders import died_here
 from .runtime import Runtime
 
 __all__ = ["RETRIED", "TurnBusy", "new_turn_request", "run_task", "run_turn"]
@@ -93,11 +94,14 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
             _give_back(rt, request.snapshot_id, request.claimed_by, request.turn_id)
         _flush(rt)
         return {"turn_id": request.turn_id, "snapshot_id": start.snapshot_id, "duplicate": True}
+    taken_over = start.kind is TurnStartKind.TAKEN_OVER
     if start.kind is TurnStartKind.BUSY:
-        raise TurnBusy(f"turn {request.turn_id} is running elsewhere")
+        if not _take_from_the_dead(rt, request.turn_id, owner):
+            raise TurnBusy(f"turn {request.turn_id} is running elsewhere")
+        taken_over = True
     _renewals(rt)
     # A first run has nothing to replay: skip reading the journal.
-    journal = rt.journal if start.kind is TurnStartKind.TAKEN_OVER else _FirstRun(rt.journal)
+    journal = rt.journal if taken_over else _FirstRun(rt.journal)
     saved = False
     try:
         result = _run(rt, request, journal)
@@ -106,6 +110,18 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
         rt.journal.end(request.turn_id, owner, snapshot_saved=saved)
     _flush(rt)
     return result
+
+
+def _take_from_the_dead(rt: Runtime, turn_id: str, owner: str) -> bool:
+    """The lease of a busy turn whose holder was a process of this machine that has
+    died (a pool process killed mid-turn): taken over now, not once it runs out."""
+    held = rt.journal.holder(turn_id)
+    if held is None or not died_here(held[0]):
+        return False
+    if not rt.journal.take_from(turn_id, held[0], owner, rt.settings.turn_lease):
+        return False
+    log.warning("turn %s: its holder %s has died here; taking it over", turn_id, held[0])
+    return True
 
 
 _UNANSWERED = (REFUSED, SnapshotStatus.FAILED.value, SnapshotStatus.ABORTED.value)

@@ -89,6 +89,12 @@ _TAKE = (
     )
     .values(owner=bindparam("p_owner"), expires_at=bindparam("p_until"))
 )
+_TAKE_FROM = (
+    update(_LEASE)
+    .where(_LEASE.c.turn_id == bindparam("p_turn"), _LEASE.c.owner == bindparam("p_holder"))
+    .values(owner=bindparam("p_owner"), expires_at=bindparam("p_until"))
+)
+"""The lease of a holder known to be dead, taken whether it has run out or not."""
 _RENEW = (
     update(_LEASE)
     .where(_LEASE.c.turn_id == bindparam("p_turn"), _LEASE.c.owner == bindparam("p_owner"))
@@ -127,6 +133,7 @@ _ENDED = (
 """How a turn ended: the first snapshot carrying its id (its id and status), or else
 its refusal (no snapshot, status `refused`); no row while it has not ended."""
 
+_F_TAKE_FROM = FastStatement(_TAKE_FROM)
 # The hot path's statements, run on the DBAPI cursor (see `interlock.stores.fast`).
 _F_TAKE, _F_RENEW, _F_DROP_LEASE, _F_DROP_ENTRIES, _F_LOAD, _F_RECORD, _F_ENDED = (
     FastStatement(s) for s in (_TAKE, _RENEW, _DROP_LEASE, _DROP_ENTRIES, _LOAD, _RECORD, _ENDED)
@@ -368,6 +375,19 @@ class SqlTurnJournal:
             conn.execute(
                 delete(_LEASE).where(and_(_LEASE.c.turn_id == turn_id, _LEASE.c.owner == owner))
             )
+
+    def take_from(self, turn_id: str, holder: str, owner: str, ttl: float) -> bool:
+        """Take the turn's lease from `holder` (one that is known to have died) for
+        `ttl` seconds, live or not: False when someone else holds it by now. A lease
+        taken here is renewed and given up as one `begin` took."""
+        until = utcnow() + timedelta(seconds=ttl)
+        params = {"p_turn": turn_id, "p_holder": holder, "p_owner": owner, "p_until": until}
+        with self.store.writer(relaxed=True).begin() as conn:
+            taken = _F_TAKE_FROM.execute(conn, params).rowcount == 1
+        if taken:
+            with self._held_lock:
+                self._held[turn_id] = owner
+        return taken
 
     def holder(self, turn_id: str) -> tuple[str, datetime] | None:
         """Who holds the turn's lease and until when (expired leases included)."""
