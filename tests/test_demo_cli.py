@@ -312,7 +312,7 @@ def test_empty_variables_count_as_unset(tmp_path: Path) -> None:
     """`INTERLOCK_STORE_URL=` (a compose file's empty default) is the default store,
     not an unreadable URL."""
     env = child_env(INTERLOCK_STORE_URL="", INTERLOCK_BROKER_URL="")
-    result = run_cli("pending", env=env, cwd=tmp_path)
+    result = run_cli("audit", "some-session", env=env, cwd=tmp_path)
     _clear_failure(result, "NOT_FOUND", "no store at interlock.db (sqlite:///interlock.db)")
     assert run_cli("migrate", env=env, cwd=tmp_path).returncode == 0
     assert (tmp_path / "interlock.db").exists(), "the default store, in the current directory"
@@ -322,16 +322,16 @@ def test_empty_variables_count_as_unset(tmp_path: Path) -> None:
 
 
 def test_reading_commands_do_not_make_a_store_that_is_not_there(tmp_path: Path) -> None:
-    """A mistyped SQLite path is NOT_FOUND for `pending`, `decide` and `audit`, not an
-    empty store made on the spot that reads as "nothing pending"."""
+    """A SQLite path with no store yet (or a mistyped one) is not made on the spot:
+    `decide` and `audit` say NOT_FOUND, naming it; `pending` lists nothing and says
+    why."""
     url = f"sqlite:///{tmp_path}/typo.db"
-    for command in (
-        ["pending"],
-        ["decide", "some-snapshot", "--token", "t", "--approve"],
-        ["audit", "some-session"],
-    ):
+    for command in (["decide", "some-snapshot", "--token", "t", "--approve"], ["audit", "s"]):
         result = run_cli(*command, "--store", url)
         _clear_failure(result, "NOT_FOUND", f"no store at {tmp_path}/typo.db")
+    listed = run_cli("pending", "--store", url)
+    assert listed.returncode == 0 and listed.stdout == "", listed.describe()
+    assert f"no open interrupts: no store at {tmp_path}/typo.db yet" in listed.stderr
     assert not (tmp_path / "typo.db").exists()
 
 

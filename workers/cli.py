@@ -93,14 +93,21 @@ def read_store(url: str) -> SqlSessionStore:
     return SqlSessionStore(url)
 
 
-def check_store_exists(url: str) -> None:
-    """NOT_FOUND when `url` is a SQLite file that is not there."""
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite store URL when it does not exist (else None)."""
     from sqlalchemy.engine import make_url
 
     parsed = make_url(url)
     path = parsed.database or ""
-    a_file = parsed.get_backend_name() == "sqlite" and path not in ("", ":memory:")
-    if a_file and not path.startswith("file:") and not Path(path).exists():
+    if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
+        return None
+    return None if path.startswith("file:") or Path(path).exists() else Path(path)
+
+
+def check_store_exists(url: str) -> None:
+    """NOT_FOUND when `url` is a SQLite file that is not there."""
+    path = missing_sqlite_file(url)
+    if path is not None:
         raise StatusError(
             Status.NOT_FOUND,
             f"no store at {path} ({redact_url(url)}): check --store or INTERLOCK_STORE_URL",
@@ -546,7 +553,12 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
     """List the open interrupts, one JSON line each (newest first)."""
     from interlock import FinishReason, SnapshotStatus
 
-    sql = read_store(settings_of(store=store).store_url)
+    url = settings_of(store=store).store_url
+    missing = missing_sqlite_file(url)
+    if missing is not None:  # nothing has run on it: nothing waits (and none is made)
+        click.echo(f"no open interrupts: no store at {missing} yet", err=True)
+        return
+    sql = read_store(url)
     try:
         snaps = sql.list_snapshots(
             session_id=session_id,
@@ -869,11 +881,17 @@ def health(
     except Exception as exc:
         report["broker"] = f"error: {exc}"
     try:
-        check_store_exists(settings.store_url)  # connecting would make an empty one
-        engine = make_engine(settings.store_url)  # the store's own URL options understood
-        with engine.connect() as db:
-            db.execute(text("SELECT 1"))
-        engine.dispose()
+        missing = missing_sqlite_file(settings.store_url)
+        if missing is not None:  # connecting would make it: usable if it can be made
+            if not os.access(missing.parent, os.W_OK):
+                raise StatusError(
+                    Status.NOT_FOUND, f"no store at {missing}, and {missing.parent} is not writable"
+                )
+        else:
+            engine = make_engine(settings.store_url)  # the store's own URL options understood
+            with engine.connect() as db:
+                db.execute(text("SELECT 1"))
+            engine.dispose()
         report["store"] = "ok"
     except Exception as exc:
         report["store"] = f"error: {exc}"
