@@ -71,13 +71,13 @@ def test_decide_wait_keeps_a_turn_event_that_comes_first(redis_url: str) -> None
 
     from events.publisher import Publisher
     from schemas import DecisionAccepted, FinishReason, Message, Part, TurnCompleted
-    from workers.cli import _Waiter
+    from workers.cli.waiter import Waiter
     from workers.decisions import resume_turn_id
     from workers.settings import Settings
 
     turn_id = resume_turn_id("d-1")
     ends = ("turn.interrupted", "turn.completed", "turn.failed")
-    waiter = _Waiter(
+    waiter = Waiter(
         Settings(broker_url=redis_url), 10.0, keep=lambda e: e.type in ends and e.turn_id == turn_id
     )
     try:

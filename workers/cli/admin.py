@@ -1,0 +1,239 @@
+"""The demo and the operator's commands: `demo`, `migrate`, `health`, `schemas`, `audit`."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from kombu.connection import Connection
+
+from interlock import Status, StatusError
+
+from ..settings import redact_url
+from .base import (
+    broker_option,
+    clear_errors,
+    emit,
+    fail,
+    main,
+    missing_sqlite_file,
+    read_store,
+    settings_of,
+    store_option,
+)
+
+__all__: list[str] = []
+
+DEMO_TEXT = "Transfer $500 to my savings account."
+
+
+@main.command(short_help="The banking agent end to end; no server needed.")
+@click.option("--approve", is_flag=True, help="Approve without asking.")
+@click.option("--deny", is_flag=True, help="Deny without asking.")
+@click.option("--text", default=DEMO_TEXT, show_default=True, help="What the user asks.")
+@click.option(
+    "--broker",
+    default=None,
+    help="Run against a running worker and resume consumer on this broker "
+    "(default: everything in this process, no server needed).",
+)
+@click.option(
+    "--store",
+    default=None,
+    help="Store URL: with --broker, the one the worker uses; without it, where the demo's "
+    "own store is kept (default: a temporary SQLite file).",
+)
+@click.option("--in-process", is_flag=True, help="Skip the queues: call the agent directly.")
+@click.option(
+    "--timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds to wait for each hop.",
+)
+@click.option(
+    "--model",
+    default=None,
+    metavar="PROVIDER/MODEL",
+    help="Run the banking agent on a real model: openai/gpt-4o-mini, "
+    "googleai/gemini-flash-latest, anthropic/claude-haiku-4-5, ollama/llama3.1 "
+    "(keys from OPENAI_API_KEY, GEMINI_API_KEY, ANTHROPIC_API_KEY; see docs/models.md). "
+    "Default: the scripted model. With --broker, start the worker with "
+    "INTERLOCK_BANKING_MODEL=PROVIDER/MODEL instead.",
+)
+@clear_errors
+def demo(
+    approve: bool,
+    deny: bool,
+    text: str,
+    broker: str | None,
+    store: str | None,
+    in_process: bool,
+    timeout: float,
+    model: str | None,
+) -> None:
+    """Run the banking agent end to end: it pauses for approval, a human answers, it
+    resumes. With no --broker, one process holds a broker, a worker, the resume consumer
+    and a SQLite store."""
+    from ..demo import ask_human, run_in_process, run_on_queues
+
+    if approve and deny:
+        raise click.UsageError("give --approve or --deny, not both")
+    decide_fn = ask_human(True if approve else False if deny else None)
+    if in_process:
+        out = run_in_process(text, decide_fn, model=model)
+        emit({"finish_reason": out.finish_reason.value, "text": out.text})
+        return
+    result = run_on_queues(
+        text, decide_fn, broker=broker, store=store, timeout=timeout, model=model
+    )
+    emit(result)
+    if result.get("type") != "turn.completed":
+        error = result.get("error") or {}
+        raise StatusError(
+            error.get("status") or Status.UNKNOWN,
+            f"the demo ended with {result.get('type')}"
+            + (f": {error['message']}" if error.get("message") else ""),
+        )
+
+
+@main.command(short_help="Create the store's tables (once per deployment).")
+@store_option
+@clear_errors
+def migrate(store: str | None) -> None:
+    """Create the store's tables if missing: snapshots, messages, outbox, decisions, turn
+    journal and turn leases; erase resume tokens that an older release kept in the
+    decision log."""
+    from events.decision_log import DecisionLog
+    from events.outbox import Outbox
+    from interlock import SqlSessionStore
+    from interlock.stores.sql_journal import SqlTurnJournal
+
+    settings = settings_of(store=store)
+    sql = SqlSessionStore(settings.store_url)
+    try:
+        Outbox(sql).close()
+        erased = DecisionLog(sql).erase_tokens()
+        SqlTurnJournal(sql)
+        from sqlalchemy import inspect
+
+        tables = sorted(
+            t for t in inspect(sql.engine).get_table_names() if t.startswith("interlock_")
+        )
+    finally:
+        sql.dispose()
+    emit({"store": redact_url(settings.store_url), "tables": tables, "tokens_erased": erased})
+
+
+@main.command(short_help="Check the broker, the store and a process's heartbeat.")
+@broker_option
+@store_option
+@click.option(
+    "--heartbeat-file",
+    help="Also require this file (a worker's or a resume consumer's --heartbeat-file) to "
+    "have been touched recently.",
+)
+@click.option("--max-age", default=30.0, show_default=True, help="Seconds, with --heartbeat-file.")
+@clear_errors
+def health(
+    broker: str | None, store: str | None, heartbeat_file: str | None, max_age: float
+) -> None:
+    """Check the broker, the store and (optionally) a heartbeat file; exit 1 if any fails."""
+    from pathlib import Path
+
+    from sqlalchemy import text
+
+    from interlock.stores.sql import make_engine
+
+    settings = settings_of(broker=broker, store=store)
+    report: dict[str, Any] = {}
+    try:
+        with Connection(settings.broker_url, connect_timeout=5) as conn:
+            conn.ensure_connection(max_retries=1)
+        report["broker"] = "ok"
+    except Exception as exc:
+        report["broker"] = f"error: {exc}"
+    try:
+        missing = missing_sqlite_file(settings.store_url)
+        if missing is not None:  # connecting would make it: usable if it can be made
+            if not os.access(missing.parent, os.W_OK):
+                raise StatusError(
+                    Status.NOT_FOUND, f"no store at {missing}, and {missing.parent} is not writable"
+                )
+        else:
+            engine = make_engine(settings.store_url)  # the store's own URL options understood
+            with engine.connect() as db:
+                db.execute(text("SELECT 1"))
+            engine.dispose()
+        report["store"] = "ok"
+    except Exception as exc:
+        report["store"] = f"error: {exc}"
+    if heartbeat_file:
+        path = Path(heartbeat_file)
+        age = time.time() - path.stat().st_mtime if path.exists() else None
+        report["heartbeat_age"] = round(age, 1) if age is not None else None
+        report["heartbeat"] = "ok" if age is not None and age <= max_age else "stale"
+    emit(report)
+    if any(v != "ok" for k, v in report.items() if k != "heartbeat_age"):
+        sys.exit(1)
+
+
+@main.command(short_help="Write or check the JSON Schemas of the queue messages.")
+@click.option(
+    "--out",
+    "out_dir",
+    default="docs/schemas",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the .schema.json files go.",
+)
+@click.option("--check", is_flag=True, help="Exit 1 if the files differ from the models.")
+def schemas(out_dir: str, check: bool) -> None:
+    """Write (or --check) the JSON Schema of every queue message."""
+
+    from schemas.json_schema import message_schemas, render
+
+    folder = Path(out_dir)
+    stale, missing = [], []
+    for name, schema in sorted(message_schemas().items()):
+        path = folder / name
+        text = render(schema)
+        if check and not path.exists():
+            missing.append(str(path))
+        elif check:
+            if path.read_text() != text:
+                stale.append(str(path))
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if missing:
+        fail(f"no schema files in {folder} (run `make schemas`): missing " + ", ".join(missing))
+    if stale:
+        fail("schemas are out of date (run `make schemas`): " + ", ".join(stale))
+    emit({"schemas": str(folder), "checked" if check else "written": len(message_schemas())})
+
+
+@main.command(short_help="A session's interrupts, decisions and outcomes.")
+@click.argument("session_id")
+@store_option
+@clear_errors
+def audit(session_id: str, store: str | None) -> None:
+    """Print a session's history of interrupts, decisions and outcomes, one JSON line
+    each, oldest first."""
+    from events.decision_log import DecisionLog
+
+    from ..audit import session_history
+
+    sql = read_store(settings_of(store=store).store_url)
+    try:
+        entries = session_history(sql, DecisionLog(sql), session_id)
+    finally:
+        sql.dispose()
+    if not entries:
+        raise StatusError(Status.NOT_FOUND, f"no session {session_id} in the store")
+    for entry in entries:
+        emit(entry)

@@ -1,0 +1,161 @@
+"""What every `interlock` command shares: the group, the options, the JSON output and
+the one-line errors."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from interlock import InterlockError, Status, StatusError, status_of
+
+from ..settings import Settings, redact_url
+
+if TYPE_CHECKING:
+    from interlock import SqlSessionStore
+
+__all__ = ["main"]
+
+PROGRESS_EVERY = 100
+"""A batch (`submit --file`) reports its progress on stderr every this many turns."""
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def emit(data: dict[str, Any]) -> None:
+    """Print one JSON line."""
+    click.echo(json.dumps(data, default=str))
+
+
+def fail(message: str, code: int = 1) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def clear_errors(fn: F) -> F:
+    """Turn Interlock errors into a one-line message and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InterlockError as exc:
+            fail(f"{status_of(exc).value}: {getattr(exc, 'message', str(exc))}")
+        except OSError as exc:
+            fail(f"UNAVAILABLE: {exc}")
+        except Exception as exc:
+            reason = unreachable(exc)
+            if reason is None:
+                raise
+            fail(f"UNAVAILABLE: {reason}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def unreachable(exc: Exception) -> str | None:
+    """One line saying which service cannot be reached, when `exc` says so (kombu's and
+    SQLAlchemy's connection errors are no `OSError`)."""
+    from kombu.exceptions import OperationalError as BrokerError
+    from redis.exceptions import ConnectionError as RedisDown
+    from redis.exceptions import TimeoutError as RedisSlow
+    from sqlalchemy.exc import OperationalError as StoreError
+
+    if isinstance(exc, BrokerError | RedisDown | RedisSlow):  # redis-py's, unwrapped
+        return f"cannot reach the broker: {exc}"
+    if isinstance(exc, StoreError):
+        first = (str(exc.orig or exc).strip().splitlines() or [""])[0]
+        return f"cannot reach the store: {first}"
+    return None
+
+
+def read_store(url: str) -> SqlSessionStore:
+    """The store at `url`, for a command that only reads it (`pending`, `decide`,
+    `audit`): a SQLite file that does not exist is NOT_FOUND, not a new empty store
+    (a mistyped path would otherwise read as "nothing pending")."""
+    from interlock import SqlSessionStore
+
+    check_store_exists(url)
+    return SqlSessionStore(url)
+
+
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite store URL when it does not exist (else None)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    path = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
+        return None
+    return None if path.startswith("file:") or Path(path).exists() else Path(path)
+
+
+def check_store_exists(url: str) -> None:
+    """NOT_FOUND when `url` is a SQLite file that is not there."""
+    path = missing_sqlite_file(url)
+    if path is not None:
+        raise StatusError(
+            Status.NOT_FOUND,
+            f"no store at {path} ({redact_url(url)}): check --store or INTERLOCK_STORE_URL",
+        )
+
+
+app_option = click.option(
+    "--app",
+    envvar="INTERLOCK_APP",
+    help="Module defining the registry, MODULE:OBJ. [env: INTERLOCK_APP]",
+)
+broker_option = click.option(
+    "--broker",
+    envvar="INTERLOCK_BROKER_URL",
+    help="Broker URL (redis://, amqp://, memory://). [env: INTERLOCK_BROKER_URL; default redis://localhost:6379/0]",
+)
+store_option = click.option(
+    "--store",
+    envvar="INTERLOCK_STORE_URL",
+    help="Store URL (sqlite:///..., postgresql+psycopg://...). [env: INTERLOCK_STORE_URL; default sqlite:///interlock.db]",
+)
+
+
+def settings_of(
+    app: str | None = None, broker: str | None = None, store: str | None = None
+) -> Settings:
+    return Settings.from_env(app=app, broker_url=broker, store_url=store)
+
+
+wait_option = click.option(
+    "--wait",
+    is_flag=True,
+    help="Then wait for what follows on the queues and print each event as a JSON line.",
+)
+timeout_option = click.option(
+    "--timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds to wait for each event.",
+)
+burst_option = click.option(
+    "--burst", is_flag=True, help="Serve what is queued, then exit once there is nothing to do."
+)
+idle_option = click.option(
+    "--idle",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="With --burst: seconds with nothing to do before exiting.",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="interlock")
+def main() -> None:
+    """Interlock: agents that pause for a human and resume where they stopped.
+
+    Start with `interlock demo`. In production run `interlock worker` and
+    `interlock resume-consumer` (after `interlock migrate`, once, to create the store's
+    tables), submit turns with `interlock submit`, list what waits with `interlock
+    pending` and answer with `interlock decide`."""

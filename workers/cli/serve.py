@@ -1,0 +1,194 @@
+"""The long-running commands: `interlock worker` and `interlock resume-consumer`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import uuid
+
+import click
+
+from ..settings import Settings, redact_url
+from .base import (
+    app_option,
+    broker_option,
+    burst_option,
+    clear_errors,
+    emit,
+    idle_option,
+    main,
+    store_option,
+)
+
+__all__: list[str] = []
+
+
+# -- long-running processes ---------------------------------------------------------------
+
+
+@main.command(short_help="Run a Celery worker for interlock.run_turn.")
+@app_option
+@broker_option
+@store_option
+@click.option(
+    "--concurrency",
+    "-c",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Worker processes.",
+)
+@click.option(
+    "--pool",
+    default="prefork",
+    show_default=True,
+    type=click.Choice(["prefork", "solo", "threads"]),
+    help="Celery pool.",
+)
+@click.option(
+    "--loglevel",
+    "-l",
+    default="INFO",
+    show_default=True,
+    help="Log level of the worker and its turns (DEBUG, INFO, WARNING, ERROR).",
+)
+@click.option(
+    "--heartbeat-file",
+    envvar="INTERLOCK_HEARTBEAT_FILE",
+    help="File touched every 5 s from the worker's own loop while it serves (for health "
+    "checks: `interlock health --heartbeat-file`). [env: INTERLOCK_HEARTBEAT_FILE]",
+)
+@burst_option
+@idle_option
+@clear_errors
+def worker(
+    app: str | None,
+    broker: str | None,
+    store: str | None,
+    concurrency: int,
+    pool: str,
+    loglevel: str,
+    heartbeat_file: str | None,
+    burst: bool,
+    idle: float,
+) -> None:
+    """Run a Celery worker for `interlock.run_turn` (a real `celery worker` process).
+
+    With --burst it runs the turns queued, then exits once `interlock.turns` has been
+    empty (and the worker idle) for --idle seconds: for tests and batch jobs."""
+    from ..burst import BURST_ENV
+    from ..loader import load_registry
+
+    settings = Settings.from_env(
+        app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+    )
+    load_registry(settings.app)  # fail here, clearly, rather than inside Celery
+    emit(
+        {
+            "worker": "starting",
+            "app": settings.app,
+            "broker": redact_url(settings.broker_url),
+            "store": redact_url(settings.store_url),
+            "concurrency": concurrency,
+            "pool": pool,
+            "burst": burst,
+        }
+    )
+    sys.stdout.flush()
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.celery_app:app",
+        "worker",
+        "-Q",
+        "interlock.turns",
+        "-c",
+        str(concurrency),
+        "-P",
+        pool,
+        "-l",
+        loglevel,
+        "-n",
+        f"interlock-{uuid.uuid4().hex[:8]}@%h",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    env = {**os.environ, **settings.to_env()}
+    env.pop(BURST_ENV, None)
+    if burst:
+        env[BURST_ENV] = str(idle)
+    os.execve(sys.executable, argv, env)
+
+
+@main.command(
+    "resume-consumer", short_help="Run the resume consumer: decisions in, resumed turns out."
+)
+@app_option
+@broker_option
+@store_option
+@click.option(
+    "--heartbeat-file",
+    envvar="INTERLOCK_HEARTBEAT_FILE",
+    help="File touched while the consumer serves (for health checks). "
+    "[env: INTERLOCK_HEARTBEAT_FILE]",
+)
+@burst_option
+@idle_option
+@clear_errors
+def resume_consumer(
+    app: str | None,
+    broker: str | None,
+    store: str | None,
+    heartbeat_file: str | None,
+    burst: bool,
+    idle: float,
+) -> None:
+    """Run the resume consumer: decisions in, resumed turns out.
+
+    With --burst it handles the decisions queued, then exits once none has come for
+    --idle seconds, printing how many it handled."""
+    import logging
+
+    from ..app import create_app
+    from ..burst import BURST_CONNECT_RETRIES, drain
+    from ..consumer import ResumeConsumer, StopRequested
+    from ..maintenance import Maintenance
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = Settings.from_env(
+        app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+    )
+    celery_app = create_app(settings)
+    consumer = ResumeConsumer(celery_app, heartbeat_file=settings.heartbeat_file)
+    rt = consumer.rt
+    rt.registry  # noqa: B018 - fail early on a bad --app
+    maintenance = Maintenance(rt)
+    maintenance.start(settings.relay_interval)  # at start-up, then periodically
+    signal.signal(signal.SIGTERM, lambda *_: setattr(consumer, "should_stop", True))
+    emit(
+        {
+            "resume_consumer": "starting",
+            "app": settings.app,
+            "broker": redact_url(settings.broker_url),
+            "store": redact_url(settings.store_url),
+            "burst": burst,
+        }
+    )
+    sys.stdout.flush()
+    try:
+        if burst:
+            # A batch job should not wait for a broker that is not there: a few
+            # attempts (about 12 s), then UNAVAILABLE. Served, it retries for ever.
+            consumer.connect_max_retries = BURST_CONNECT_RETRIES
+            with contextlib.suppress(StopRequested):  # stopped before the broker answered
+                drain(consumer, idle)
+            emit({"resume_consumer": "drained", "handled": consumer.handled})
+        else:
+            consumer.run()
+    finally:
+        maintenance.stop()
+        rt.close()

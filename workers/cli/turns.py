@@ -1,0 +1,343 @@
+"""The commands that send turns and answer them: `submit`, `pending`, `decide`."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import TYPE_CHECKING, Any, TextIO
+
+import click
+from kombu.connection import Connection
+
+from interlock import AgentInput, Message, Part, Status, StatusError
+
+from .base import (
+    PROGRESS_EVERY,
+    app_option,
+    broker_option,
+    clear_errors,
+    emit,
+    main,
+    missing_sqlite_file,
+    read_store,
+    settings_of,
+    store_option,
+    timeout_option,
+    wait_option,
+)
+from .waiter import Waiter
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from ..turn_file import FileTurn
+
+__all__: list[str] = []
+
+
+# -- one-shot commands -------------------------------------------------------------------
+
+
+@main.command(short_help="Enqueue a turn (or a file of them).")
+@app_option
+@broker_option
+@store_option
+@click.option("--agent", "agent_name", required=True, help="Agent name in the registry.")
+@click.option("--text", help="The user's message (or give --file).")
+@click.option(
+    "--file",
+    "turn_file",
+    type=click.File("r", encoding="utf-8"),
+    help="Submit one turn per line of this file ('-': standard input): the line is the "
+    'message, or a JSON object {"text": ..., "session_id": ...}. Every line is checked '
+    "before any turn is sent.",
+)
+@click.option("--session", "session_id", help="Continue this session (default: a new one).")
+@wait_option
+@timeout_option
+@clear_errors
+def submit(
+    app: str | None,
+    broker: str | None,
+    store: str | None,
+    agent_name: str,
+    text: str | None,
+    turn_file: TextIO | None,
+    session_id: str | None,
+    wait: bool,
+    timeout: float,
+) -> None:
+    """Enqueue a turn; prints {"turn_id", "session_id"}.
+
+    With --wait, then prints the event that ends the turn: turn.interrupted (with the
+    resume_token that `interlock decide` needs), turn.completed, or turn.failed (exit 1).
+
+    With --file, one turn per line, each printed with its "line" number once sent; with
+    --wait, then the event that ends each one, as they come (exit 1 if any failed)."""
+    from ..app import create_app, runtime_of
+    from ..turn_file import FileTurn, read_turns
+
+    if text is None and turn_file is None:
+        raise click.UsageError("give the message with --text, or a file of them with --file")
+    if text is not None and turn_file is not None:
+        raise click.UsageError("give --text or --file, not both")
+    if text is not None and not text.strip():
+        raise click.BadParameter("the message is empty", param_hint="--text")
+    if turn_file is not None and session_id is not None:
+        raise click.UsageError(
+            '--session goes with --text; in --file, give a line {"text", "session_id"}'
+        )
+    if turn_file is not None:
+        turns = read_turns(turn_file, name=turn_file.name)
+    else:
+        assert text is not None
+        turns = [FileTurn(0, text, session_id)]
+    settings = settings_of(app, broker, store)
+    celery_app = create_app(settings)
+    runtime_of(celery_app).registry.lookup_agent(agent_name)
+    waiter = Waiter(settings, timeout) if wait else None
+    try:
+        sent = _send_turns(celery_app, agent_name, turns, batch=turn_file is not None)
+        if waiter is not None and turn_file is None:
+            waiter.turn_event(sent[0])
+        elif waiter is not None:
+            waiter.turn_events(sent)
+    finally:
+        if waiter is not None:
+            waiter.close()
+
+
+def _send_turns(
+    celery_app: Celery, agent_name: str, turns: list[FileTurn], *, batch: bool
+) -> list[str]:
+    """Enqueue each turn, printing it once sent (with its line in a batch); the turn ids.
+    A batch reports its progress on stderr."""
+    from ..app import send_turn
+    from ..turns import new_turn_request
+
+    sent: list[str] = []
+    for turn in turns:
+        session_id = turn.session_id or str(uuid.uuid4())
+        request = new_turn_request(
+            agent_name,
+            AgentInput(message=Message(role="user", content=[Part(text=turn.text)])),
+            session_id=session_id,
+        )
+        send_turn(celery_app, request)
+        sent.append(request.turn_id)
+        line = {"line": turn.line} if batch else {}
+        emit({"turn_id": request.turn_id, "session_id": session_id, **line})
+        if batch and (len(sent) % PROGRESS_EVERY == 0 or len(sent) == len(turns)):
+            click.echo(f"submitted {len(sent)} of {len(turns)} turns", err=True)
+    return sent
+
+
+@main.command(short_help="List the open interrupts.")
+@store_option
+@click.option("--session", "session_id", help="Only this session.")
+@click.option(
+    "--limit", default=100, show_default=True, type=click.IntRange(min=1), help="At most this many."
+)
+@clear_errors
+def pending(store: str | None, session_id: str | None, limit: int) -> None:
+    """List the open interrupts, one JSON line each (newest first)."""
+    from interlock import FinishReason, SnapshotStatus
+
+    url = settings_of(store=store).store_url
+    missing = missing_sqlite_file(url)
+    if missing is not None:  # nothing has run on it: nothing waits (and none is made)
+        click.echo(f"no open interrupts: no store at {missing} yet", err=True)
+        return
+    sql = read_store(url)
+    try:
+        snaps = sql.list_snapshots(
+            session_id=session_id,
+            status=SnapshotStatus.COMPLETED,
+            finish_reason=FinishReason.INTERRUPTED,
+            claimed=False,
+            limit=limit,
+        )
+        for snap in snaps:
+            message = snap.last_model_message
+            emit(
+                {
+                    "snapshot_id": snap.snapshot_id,
+                    "session_id": snap.session_id,
+                    "agent": snap.agent,
+                    "created_at": snap.created_at.isoformat(),
+                    "expires_at": snap.expires_at.isoformat() if snap.expires_at else None,
+                    "interrupts": [
+                        {
+                            "name": p.tool_request.name,
+                            "ref": p.tool_request.ref,
+                            "input": p.tool_request.input,
+                            "payload": p.meta("interrupt"),
+                        }
+                        for p in (message.interrupts if message else [])
+                        if p.tool_request
+                    ],
+                }
+            )
+        if not snaps:
+            click.echo("no open interrupts", err=True)
+    finally:
+        sql.dispose()
+
+
+@main.command(short_help="Answer a paused turn: approve, deny or respond.")
+@click.argument("snapshot_id")
+@broker_option
+@store_option
+@click.option(
+    "--token",
+    "resume_token",
+    envvar="INTERLOCK_RESUME_TOKEN",
+    required=True,
+    help="The resume_token of the turn.interrupted event. [env: INTERLOCK_RESUME_TOKEN]",
+)
+@click.option(
+    "--approve",
+    is_flag=True,
+    help='Restart each interrupt with {"approved": true} (a call that tool_approval holds: '
+    "run it).",
+)
+@click.option(
+    "--deny",
+    is_flag=True,
+    help='Restart each interrupt with {"approved": false} (a call that tool_approval holds: '
+    "do not run it; the model reads --feedback as the reason).",
+)
+@click.option(
+    "--respond",
+    "respond_json",
+    metavar="JSON",
+    help="Respond to each interrupt with this tool output (the tool does not run).",
+)
+@click.option(
+    "--ref",
+    "refs",
+    multiple=True,
+    help="Answer this interrupt (repeatable). Default: every pending one, read from the store.",
+)
+@click.option("--feedback", default=None, help="Feedback sent with --approve/--deny.")
+@click.option("--reviewer", default=None, help="Who decides (kept in the audit trail).")
+@wait_option
+@timeout_option
+@clear_errors
+def decide(
+    snapshot_id: str,
+    broker: str | None,
+    store: str | None,
+    resume_token: str,
+    approve: bool,
+    deny: bool,
+    respond_json: str | None,
+    refs: tuple[str, ...],
+    feedback: str | None,
+    reviewer: str | None,
+    wait: bool,
+    timeout: float,
+) -> None:
+    """Publish a decision on a paused turn; prints {"decision_id", "snapshot_id", "refs"}.
+
+    The resume consumer checks it and publishes decision.accepted or decision.rejected.
+    With --wait, then prints that outcome (a rejection exits 1) and, once accepted, the
+    event that ends the resumed turn."""
+    from events.publisher import Publisher
+    from interlock import approve as approve_call
+    from interlock import deny as deny_call
+    from interlock import is_approval_gate
+    from interlock.resume import pending_interrupts
+    from schemas import Decision, RespondEntry, RestartEntry
+
+    from ..decisions import resume_turn_id
+
+    if [approve, deny, respond_json is not None].count(True) != 1:
+        raise click.UsageError("give exactly one of --approve, --deny, --respond JSON")
+    verdict = "approve" if approve else "deny"
+    output: Any = None
+    if respond_json is not None:
+        try:
+            output = json.loads(respond_json)
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--respond") from None
+    settings = settings_of(broker=broker, store=store)
+    sql = read_store(settings.store_url)
+    try:
+        snap = sql.get_snapshot(snapshot_id)
+    finally:
+        sql.dispose()
+    if snap is None:
+        raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found in the store")
+    pending = {
+        p.tool_request.ref: p
+        for p in pending_interrupts(snap.messages)
+        if p.tool_request is not None and p.tool_request.ref is not None
+    }
+    names = {ref: p.tool_request.name for ref, p in pending.items() if p.tool_request}
+    wanted = list(refs) or list(names)
+    if not wanted:
+        raise StatusError(
+            Status.FAILED_PRECONDITION, f"snapshot {snapshot_id} has no pending interrupt"
+        )
+    unknown = [ref for ref in wanted if ref not in names]
+    if unknown:  # refused here, before anything is sent
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"--ref {unknown[0]} is no pending interrupt of snapshot {snapshot_id} "
+            f"(pending: {', '.join(names)})",
+        )
+    respond_entries: list[RespondEntry | Part] = []
+    restart_entries: list[RestartEntry | Part] = []
+    for ref in wanted:
+        name = names.get(ref, "?")
+        part = pending.get(ref)
+        if respond_json is not None:
+            respond_entries.append(RespondEntry(name=name, ref=ref, output=output))
+        elif part is not None and is_approval_gate(part):
+            # a call `tool_approval` holds: approve runs it, deny tells the model why not
+            if verdict == "approve":
+                restart_entries.append(approve_call(part))
+            else:
+                respond_entries.append(deny_call(part, feedback or "denied by reviewer"))
+        else:
+            resumed: dict[str, Any] = {"approved": verdict == "approve"}
+            if feedback:
+                resumed["feedback"] = feedback
+            restart_entries.append(RestartEntry(name=name, ref=ref, resumed=resumed))
+    decision_id = str(uuid.uuid4())
+    decision = Decision(
+        decision_id=decision_id,
+        snapshot_id=snapshot_id,
+        resume_token=resume_token,
+        reviewer=reviewer,
+        respond=respond_entries,
+        restart=restart_entries,
+    )
+    resumed_turn = resume_turn_id(decision_id)
+    ends = ("turn.interrupted", "turn.completed", "turn.failed")
+    waiter = (
+        Waiter(settings, timeout, keep=lambda e: e.type in ends and e.turn_id == resumed_turn)
+        if wait
+        else None
+    )
+    try:
+        with Connection(
+            settings.broker_url,
+            transport=settings.broker_transport,
+            transport_options=settings.transport_options,
+        ) as conn:
+            Publisher(conn, timeout=timeout).publish_decision(decision)
+        emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
+        if waiter is None:
+            return
+        outcome = waiter.next(
+            f"the outcome of decision {decision_id}",
+            lambda e: e.type.startswith("decision.") and e.decision_id == decision_id,
+        )
+        if outcome.type == "decision.rejected":
+            raise StatusError(outcome.error.status, f"decision rejected: {outcome.error.message}")
+        waiter.turn_event(resumed_turn)
+    finally:
+        if waiter is not None:
+            waiter.close()

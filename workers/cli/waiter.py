@@ -1,0 +1,122 @@
+"""What `--wait` reads: a queue of the command's own, bound to every event."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import click
+from kombu.connection import Connection
+
+from interlock import Status, StatusError
+
+from ..settings import Settings
+from .base import PROGRESS_EVERY, emit
+
+__all__ = ["Waiter"]
+
+
+class Waiter:
+    """A queue of this command's own, bound to every event before anything is sent (so
+    nothing it waits for can pass unseen), deleted at the end."""
+
+    def __init__(
+        self, settings: Settings, timeout: float, keep: Callable[[Any], bool] = lambda e: False
+    ) -> None:
+        from events.stream import EventStream
+
+        self.timeout = timeout
+        self.keep = keep
+        self._kept: list[Any] = []
+        self.connection = Connection(
+            settings.broker_url,
+            transport=settings.broker_transport,
+            transport_options=settings.transport_options,
+        )
+        name = f"interlock.cli.{uuid.uuid4().hex[:12]}"
+        self.events = EventStream.bind(self.connection, name, "#", temporary=True)
+
+    def next(self, what: str, match: Callable[[Any], bool], *, quiet: bool = False) -> Any:
+        """The next event that matches; printed. Events this command waits for later
+        (see `keep`) that arrive first are kept for then: a resumed turn may end before
+        `decision.accepted` is read. `quiet`: no "waiting for" line on stderr."""
+        if not quiet:
+            click.echo(f"waiting for {what} (up to {self.timeout:.0f}s)...", err=True)
+        event = next((e for e in self._kept if match(e)), None)
+        if event is not None:
+            self._kept.remove(event)
+        deadline = time.monotonic() + self.timeout
+        while event is None:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                found = self.events.next(remaining, match=lambda e: match(e) or self.keep(e))
+            except TimeoutError:
+                raise StatusError(
+                    Status.DEADLINE_EXCEEDED,
+                    f"no {what} within {self.timeout:.0f}s: are `interlock worker` and "
+                    "`interlock resume-consumer` running on this broker and store?",
+                ) from None
+            if match(found):
+                event = found
+            else:
+                self._kept.append(found)
+        emit(event.model_dump(mode="json"))
+        return event
+
+    def turn_event(self, turn_id: str) -> Any:
+        """The event that ends turn `turn_id`; a failed turn exits with an error."""
+        ends = ("turn.interrupted", "turn.completed", "turn.failed")
+        event = self.next(
+            f"turn {turn_id}", lambda e: e.type in ends and getattr(e, "turn_id", None) == turn_id
+        )
+        if event.type == "turn.failed":
+            raise StatusError(event.error.status, f"turn failed: {event.error.message}")
+        if event.type == "turn.interrupted":
+            click.echo(
+                f"paused: answer with `interlock decide {event.snapshot_id} "
+                f"--token {event.resume_token} --approve` (or --deny, --respond JSON)",
+                err=True,
+            )
+        return event
+
+    def turn_events(self, turn_ids: list[str]) -> list[Any]:
+        """The event that ends each of `turn_ids`, printed as they come (`timeout`: at
+        most between two of them); then a failure if any turn failed."""
+        ends = ("turn.interrupted", "turn.completed", "turn.failed")
+        waiting = set(turn_ids)
+        found: list[Any] = []
+        click.echo(
+            f"waiting for {len(waiting)} turns to end (up to {self.timeout:.0f}s between two)...",
+            err=True,
+        )
+        while waiting:
+            event = self.next(
+                f"{len(waiting)} more turns",
+                lambda e: e.type in ends and getattr(e, "turn_id", None) in waiting,
+                quiet=True,
+            )
+            waiting.discard(event.turn_id)
+            found.append(event)
+            if len(found) % PROGRESS_EVERY == 0 or not waiting:
+                click.echo(f"{len(found)} of {len(turn_ids)} turns ended", err=True)
+        paused = sum(e.type == "turn.interrupted" for e in found)
+        failed = [e for e in found if e.type == "turn.failed"]
+        if paused:
+            click.echo(f"{paused} paused: list them with `interlock pending`", err=True)
+        if failed:
+            first = failed[0].error
+            raise StatusError(
+                first.status,
+                f"{len(failed)} of {len(turn_ids)} turns failed; the first: {first.message}",
+            )
+        return found
+
+    def close(self) -> None:
+        try:
+            self.events.close(delete=True)
+        finally:
+            self.connection.release()
