@@ -21,9 +21,18 @@ def _pid_namespace() -> str:
         return ""
 
 
+_made: tuple[int, str] | None = None
+"""`process_id()` as last made, with the pid it was made in (a fork makes it again)."""
+
+
 def process_id() -> str:
-    """`HOST:PIDNS:PID`, the start of every lease owner this process takes."""
-    return f"{socket.gethostname()}:{_pid_namespace()}:{os.getpid()}"
+    """`HOST:PIDNS:PID`, the start of every lease owner this process takes (made once
+    per process: it is asked for on every turn)."""
+    global _made
+    pid = os.getpid()
+    if _made is None or _made[0] != pid:
+        _made = (pid, f"{socket.gethostname()}:{_pid_namespace()}:{pid}")
+    return _made[1]
 
 
 def died_here(owner: str) -> bool:

@@ -73,12 +73,16 @@ def unreachable(exc: Exception) -> str | None:
 
 
 def read_store(url: str) -> SqlSessionStore:
-    """The store at `url`, for a command that only reads it (`pending`, `decide`,
-    `audit`): a SQLite file that does not exist is NOT_FOUND, not a new empty store
-    (a mistyped path would otherwise read as "nothing pending")."""
+    """The store at `url`, for a command that only reads it (`decide`, `audit`): a
+    SQLite file that does not exist is NOT_FOUND, not a new empty store."""
     from interlock import SqlSessionStore
 
-    check_store_exists(url)
+    path = missing_sqlite_file(url)
+    if path is not None:
+        raise StatusError(
+            Status.NOT_FOUND,
+            f"no store at {path} ({redact_url(url)}): check --store or INTERLOCK_STORE_URL",
+        )
     return SqlSessionStore(url)
 
 
@@ -91,16 +95,6 @@ def missing_sqlite_file(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
         return None
     return None if path.startswith("file:") or Path(path).exists() else Path(path)
-
-
-def check_store_exists(url: str) -> None:
-    """NOT_FOUND when `url` is a SQLite file that is not there."""
-    path = missing_sqlite_file(url)
-    if path is not None:
-        raise StatusError(
-            Status.NOT_FOUND,
-            f"no store at {path} ({redact_url(url)}): check --store or INTERLOCK_STORE_URL",
-        )
 
 
 app_option = click.option(

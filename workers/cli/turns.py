@@ -141,14 +141,14 @@ def _send_turns(
 @clear_errors
 def pending(store: str | None, session_id: str | None, limit: int) -> None:
     """List the open interrupts, one JSON line each (newest first)."""
-    from interlock import FinishReason, SnapshotStatus
+    from interlock import FinishReason, SnapshotStatus, SqlSessionStore
 
     url = settings_of(store=store).store_url
     missing = missing_sqlite_file(url)
     if missing is not None:  # nothing has run on it: nothing waits (and none is made)
         click.echo(f"no open interrupts: no store at {missing} yet", err=True)
         return
-    sql = read_store(url)
+    sql = SqlSessionStore(url)
     try:
         snaps = sql.list_snapshots(
             session_id=session_id,
@@ -289,12 +289,11 @@ def decide(
         )
     respond_entries: list[RespondEntry | Part] = []
     restart_entries: list[RestartEntry | Part] = []
-    for ref in wanted:
-        name = names.get(ref, "?")
-        part = pending.get(ref)
+    for ref in wanted:  # every one pending (checked above)
+        name, part = names[ref], pending[ref]
         if respond_json is not None:
             respond_entries.append(RespondEntry(name=name, ref=ref, output=output))
-        elif part is not None and is_approval_gate(part):
+        elif is_approval_gate(part):
             # a call `tool_approval` holds: approve runs it, deny tells the model why not
             if verdict == "approve":
                 restart_entries.append(approve_call(part))
