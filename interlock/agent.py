@@ -299,6 +299,11 @@ class Agent:
             latest = self.store.list_snapshots(
                 session_id=session_id, status=SnapshotStatus.COMPLETED, limit=1
             )
+            if latest and latest[0].agent != self.name:
+                raise StatusError(
+                    Status.INVALID_ARGUMENT,
+                    f"session {session_id} belongs to agent {latest[0].agent!r}, not {self.name!r}",
+                )
             return _Base(session_id, latest[0] if latest else None)
         return _Base(_new_id(), None)
 

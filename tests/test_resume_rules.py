@@ -736,6 +736,31 @@ def test_snapshot_of_another_session_or_agent() -> None:
     )
 
 
+def test_session_of_another_agent() -> None:
+    """A session is its agent's, however it is addressed: by `session_id=` as by
+    `snapshot_id=` (and by `state=`). Nothing is written for the stranger."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    stranger = rig.ai.define_agent("stranger", model="scripted/rig", store=rig.store)
+    before = rig.store.list_snapshots(session_id=out.session_id, limit=100)
+    rejects(
+        Status.INVALID_ARGUMENT,
+        f"session {out.session_id} belongs to agent 'rig', not 'stranger'",
+        stranger.run,
+        ToolResume(),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "belongs to agent 'rig', not 'stranger'",
+        stranger.run_text,
+        "hello",
+        session_id=out.session_id,
+    )
+    assert rig.store.list_snapshots(session_id=out.session_id, limit=100) == before
+
+
 # -- rule 7: addressing is checked first --------------------------------------------------------
 
 
