@@ -43,10 +43,13 @@ def run_sync(value: Any) -> Any:
         return pool.submit(asyncio.run, _await()).result()
 
 
-def brief(exc: ValidationError) -> str:
-    """A one-line account of a pydantic validation error."""
+def brief(exc: ValidationError, at: str = "") -> str:
+    """A one-line account of a pydantic validation error; `at` names where the value
+    validated sits in a larger one (its locations are given under it)."""
+    start = (at,) if at else ()
     return "; ".join(
-        f"{'.'.join(str(x) for x in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()
+        f"{'.'.join(str(x) for x in (*start, *e['loc'])) or 'value'}: {e['msg']}"
+        for e in exc.errors()
     )
 
 

@@ -142,14 +142,21 @@ def _failed_bodies(rt: Runtime) -> list[dict[str, Any]]:
         (
             {"turn_id": "t-bad", "agent": "bankingAgent", "session_id": "s-bad",
              "input": {"message": {"role": "user", "content": "not a list"}}},
-            "invalid turn input: message.content: Input should be a valid list",
+            "invalid run_turn request: input.message.content: Input should be a valid list",
         ),
         (
             {"turn_id": "t-empty", "agent": "bankingAgent", "input": {}},
-            "invalid turn input: ",
+            "invalid run_turn request: input: Value error, an agent input holds exactly one of "
+            "message and resume",
+        ),
+        (
+            {"turn_id": "t-both", "agent": "bankingAgent", "session_id": "s-both",
+             "input": {"message": {"role": "user", "content": [{"text": "x"}]},
+                       "resume": {"restart": []}}},
+            "invalid run_turn request: input: Value error, an agent input holds exactly one",
         ),
     ],
-    ids=["unknown-version", "bad-message", "neither-message-nor-resume"],
+    ids=["unknown-version", "bad-message", "neither-message-nor-resume", "both"],
 )  # fmt: skip
 def test_a_task_message_written_by_hand_wrong_is_answered(
     rt: Runtime, payload: dict[str, Any], message: str

@@ -186,7 +186,9 @@ def _input_of(request: TurnRequest) -> AgentInput:
     try:
         return AgentInput.model_validate(request.input)
     except ValidationError as exc:
-        raise StatusError(Status.INVALID_ARGUMENT, f"invalid turn input: {brief(exc)}") from exc
+        raise StatusError(
+            Status.INVALID_ARGUMENT, f"invalid run_turn request: {brief(exc, at='input')}"
+        ) from exc
 
 
 def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, Any]:
