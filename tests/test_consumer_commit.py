@@ -1,9 +1,11 @@
 """The resume consumer's accepting path, in process, on real stores (SQLite and
 PostgreSQL) and a real Redis: the claim and the `decision.accepted` record commit in one
-transaction; the resume is enqueued after that commit, and a decision seen again whose
-outcome was `accepted` has its resume enqueued again (the same turn) before the outcome
-is republished. So a crash or a failing broker between the commit and the enqueue loses
-nothing: the decision is not acked, comes back, and its turn is enqueued then.
+transaction; `decision.accepted` is published after that commit and the resume enqueued
+after it (so no queue gets an event of the resumed turn before it), and a decision seen
+again whose outcome was `accepted` has its outcome republished and its resume enqueued
+again (the same turn). So a crash or a failing broker between the commit and the
+enqueue loses nothing: the decision is not acked, comes back, and its turn is enqueued
+then.
 
 Every test drives `ResumeConsumer.handle` (or `on_message`, with a message read from the
 real decisions queue), then reads what is really there: the rows in the database, the
@@ -360,9 +362,10 @@ def test_redelivered_accepted_decision_enqueues_the_same_turn_again(rig: Rig) ->
 
 def test_send_task_failure_keeps_the_claim_and_the_retry_enqueues(rig: Rig) -> None:
     """The broker refuses the resume (nothing listens where the consumer sends tasks).
-    The claim and the record stay; the decision is requeued, not acked, and no outcome
-    goes out. Its next delivery, to a consumer that can send, enqueues the resume,
-    publishes `decision.accepted` and acks."""
+    `decision.accepted` went out before it (the claim and the record are committed); the
+    claim and the record stay, and the decision is requeued, not acked. Its next
+    delivery, to a consumer that can send, publishes the same event again, enqueues the
+    resume and acks."""
     body = rig.paused(9)
     failing = rig.consumer()
     failing.app.conf.broker_write_url = f"redis://127.0.0.1:{free_port()}/0"
@@ -375,7 +378,9 @@ def test_send_task_failure_keeps_the_claim_and_the_retry_enqueues(rig: Rig) -> N
     [row] = rig.rows(body["decision_id"])
     assert row.outcome == "accepted"
     assert rig.enqueued() == []
-    assert rig.published() == []
+    [accepted] = rig.published()  # before the resume, which the broker refused
+    assert accepted.type == "decision.accepted"
+    assert accepted.model_dump_json() == row.event_body
 
     message = rig.decisions.get(timeout=TIMEOUT)  # the same decision, back on the queue
     assert json.loads(message.body)["decision_id"] == body["decision_id"]
@@ -385,7 +390,7 @@ def test_send_task_failure_keeps_the_claim_and_the_retry_enqueues(rig: Rig) -> N
     assert request["decision_id"] == body["decision_id"]
     assert request["snapshot_id"] == body["snapshot_id"]
     [event] = rig.published()
-    assert event.model_dump_json() == row.event_body
+    assert event.model_dump() == accepted.model_dump()  # the same event, event_id and all
     with pytest.raises(rig.decisions.Empty):  # acked: gone for good
         rig.decisions.get(timeout=1)
 

@@ -223,9 +223,10 @@ class ResumeConsumer(ConsumerMixin):
         self, decision: Decision, raw: bytes, snapshot: Snapshot, request: TurnRequest
     ) -> EventBase:
         """Claim the snapshot and record `decision.accepted` in one transaction, then
-        enqueue the resume, then publish. A crash (or a failing broker) after the commit
+        publish it, then enqueue the resume: `decision.accepted` is published before any
+        event of the resumed turn. A crash (or a failing broker) after the commit
         leaves the resume unsent: the decision is not acked, comes back, and `_repeat`
-        enqueues it then."""
+        publishes the outcome again and enqueues the resume then."""
         event = DecisionAccepted(
             **_ids(decision),
             agent=snapshot.agent,
@@ -256,8 +257,8 @@ class ResumeConsumer(ConsumerMixin):
                 Status.FAILED_PRECONDITION, f"snapshot {snapshot.snapshot_id} was already resumed"
             )
             return self._reject(decision, raw, snapshot, already)
-        self._enqueue(request)
         self.rt.publisher.publish_event(event)
+        self._enqueue(request)
         return event
 
     def _reject(
@@ -277,12 +278,12 @@ class ResumeConsumer(ConsumerMixin):
 
     def _repeat(self, prior: DecisionRecord) -> EventBase:
         """A decision_id seen before gets its first outcome again, not a second
-        evaluation. An accepted one has its resume enqueued again first: the delivery
+        evaluation. An accepted one then has its resume enqueued again: the delivery
         that accepted it may have died, or failed to enqueue, after the commit. It is the
         same turn (its id comes from the decision_id), and workers run a turn id once."""
+        self.rt.publisher.publish_raw_event(prior.event_type, prior.event_body)
         if prior.outcome == "accepted":
             self._enqueue_again(prior)
-        self.rt.publisher.publish_raw_event(prior.event_type, prior.event_body)
         return _event(prior.event_body)
 
     def _enqueue_again(self, prior: DecisionRecord) -> None:
