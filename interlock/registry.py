@@ -157,6 +157,13 @@ class Interlock:
         provider, _, model = name.partition("/")
         factory = self.providers.get(provider)
         if factory is None:
+            if "/" not in name:  # `gpt-4o-mini` for `openai/gpt-4o-mini`
+                known = ", ".join(sorted(self.providers)) or "none"
+                raise StatusError(
+                    Status.NOT_FOUND,
+                    f"model {name!r} is not defined: model names read provider/model "
+                    f"(e.g. openai/{name or 'gpt-4o-mini'}); registered providers: {known}",
+                )
             raise StatusError(
                 Status.NOT_FOUND,
                 f"model {name!r} is not defined: define it with ai.define_model, or "

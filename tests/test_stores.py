@@ -220,6 +220,33 @@ def test_list_filters_order_and_limit(store: SessionStore) -> None:
     assert all(s.messages == [msg("hi")] for s in store.list_snapshots())
 
 
+def test_list_filters_take_known_values_only(store: SessionStore) -> None:
+    store.save_snapshot(snap("p1"))
+    statuses = "pending, completed, failed, aborted, expired"
+    with pytest.raises(StatusError) as paused:
+        store.list_snapshots(status="interrupted")  # type: ignore[arg-type]
+    assert paused.value.status is Status.INVALID_ARGUMENT
+    assert paused.value.message == (
+        f"unknown snapshot status 'interrupted' (valid: {statuses}); a paused snapshot has "
+        "status 'completed' and finish_reason 'interrupted' "
+        "(list_snapshots(status='completed', finish_reason='interrupted'))"
+    )
+    with pytest.raises(StatusError) as done:
+        store.list_snapshots(status="done", limit=0)  # type: ignore[arg-type]
+    assert done.value.status is Status.INVALID_ARGUMENT
+    assert done.value.message == f"unknown snapshot status 'done' (valid: {statuses})"
+    with pytest.raises(StatusError) as reason:
+        store.list_snapshots(finish_reason="paused")  # type: ignore[arg-type]
+    assert reason.value.status is Status.INVALID_ARGUMENT
+    assert reason.value.message == (
+        "unknown finish_reason 'paused' (valid: stop, length, blocked, interrupted, other, "
+        "unknown, aborted, failed, expired)"
+    )
+    # The values as strings are fine: what the hint says finds the paused snapshot.
+    found = store.list_snapshots(status="completed", finish_reason="interrupted")  # type: ignore[arg-type]
+    assert ids(found) == ["p1"]
+
+
 def test_claim_is_once_only(store: SessionStore) -> None:
     store.save_snapshot(snap("s"))
     assert store.claim("s", "w1") is True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import math
 import os
 import random
 import time
@@ -130,16 +131,21 @@ class RetryPolicy:
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
+        """The default policy, with `attempts` from INTERLOCK_MODEL_MAX_ATTEMPTS when it
+        is set: a whole number, at least 1 (1 = no retry)."""
         raw = os.environ.get(ENV_ATTEMPTS)
         if not raw:
             return cls()
         try:
             attempts = int(raw)
         except ValueError:
+            attempts = 0
+        if attempts < 1:
             raise StatusError(
-                Status.INVALID_ARGUMENT, f"{ENV_ATTEMPTS} must be an integer, got {raw!r}"
-            ) from None
-        return cls(attempts=max(1, attempts))
+                Status.INVALID_ARGUMENT,
+                f"{ENV_ATTEMPTS} must be a whole number of at least 1, got {raw!r}",
+            )
+        return cls(attempts=attempts)
 
     def delay(self, attempt: int, retry_after: float | None) -> float | None:
         """Seconds to wait before try `attempt + 1`; None when the server asks for more
@@ -151,15 +157,21 @@ class RetryPolicy:
 
 
 def timeout_from_env() -> float:
+    """Seconds from INTERLOCK_MODEL_TIMEOUT (DEFAULT_TIMEOUT when unset): a finite number
+    greater than 0."""
     raw = os.environ.get(ENV_TIMEOUT)
     if not raw:
         return DEFAULT_TIMEOUT
     try:
-        return float(raw)
+        timeout = float(raw)
     except ValueError:
+        timeout = math.nan
+    if not (math.isfinite(timeout) and timeout > 0):
         raise StatusError(
-            Status.INVALID_ARGUMENT, f"{ENV_TIMEOUT} must be a number of seconds, got {raw!r}"
-        ) from None
+            Status.INVALID_ARGUMENT,
+            f"{ENV_TIMEOUT} must be a number of seconds greater than 0, got {raw!r}",
+        )
+    return timeout
 
 
 def call_with_retries(
@@ -171,7 +183,8 @@ def call_with_retries(
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
     """`attempt()`, tried again on a retryable `ModelError` while `started()` is false
-    (nothing of the reply has reached the caller yet)."""
+    (nothing of the reply has reached the caller yet). Each retry is logged, led by
+    `what` (the model's name) once."""
     for n in range(1, max(1, policy.attempts) + 1):
         try:
             return attempt()
@@ -190,15 +203,19 @@ def call_with_retries(
                 _note(err, f"not retried: the server asks to wait {err.retry_after:.0f}s")
                 raise
             log.warning(
-                "%s: %s; retrying in %.2fs (attempt %d of %d)",
-                what,
-                err.message,
+                "%s; retrying in %.2fs (attempt %d of %d)",
+                _named(what, err.message),
                 wait,
                 n + 1,
                 policy.attempts,
             )
             sleep(wait)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _named(what: str, message: str) -> str:
+    """`message` led by `what`, unless it already is: the plugins' errors name their model."""
+    return message if not what or message.startswith(f"{what}: ") else f"{what}: {message}"
 
 
 def _note(err: StatusError, note: str) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from schemas import FinishReason, Snapshot, SnapshotStatus
+from schemas import FinishReason, Snapshot, SnapshotStatus, Status
 
-__all__ = ["SessionStore"]
+from ..errors import StatusError
+
+__all__ = ["SessionStore", "snapshot_filters"]
 
 
 @runtime_checkable
@@ -44,5 +46,44 @@ class SessionStore(Protocol):
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
-        """Snapshots matching every given filter, newest (last first saved) first."""
+        """Snapshots matching every given filter, newest (last first saved) first. An
+        unknown `status` or `finish_reason` is INVALID_ARGUMENT (`snapshot_filters`)."""
         ...
+
+
+def snapshot_filters(
+    status: SnapshotStatus | str | None, finish_reason: FinishReason | str | None
+) -> tuple[SnapshotStatus | None, FinishReason | None]:
+    """`list_snapshots`' `status` and `finish_reason` as enums; an unknown value is
+    INVALID_ARGUMENT listing the valid ones."""
+    return (
+        None if status is None else _status(status),
+        None if finish_reason is None else _finish_reason(finish_reason),
+    )
+
+
+def _status(value: SnapshotStatus | str) -> SnapshotStatus:
+    try:
+        return SnapshotStatus(value)
+    except ValueError:
+        pass
+    hint = ""
+    if value == FinishReason.INTERRUPTED:
+        hint = (
+            "; a paused snapshot has status 'completed' and finish_reason 'interrupted' "
+            "(list_snapshots(status='completed', finish_reason='interrupted'))"
+        )
+    valid = ", ".join(s.value for s in SnapshotStatus)
+    raise StatusError(
+        Status.INVALID_ARGUMENT, f"unknown snapshot status {value!r} (valid: {valid}){hint}"
+    )
+
+
+def _finish_reason(value: FinishReason | str) -> FinishReason:
+    try:
+        return FinishReason(value)
+    except ValueError:
+        valid = ", ".join(r.value for r in FinishReason)
+        raise StatusError(
+            Status.INVALID_ARGUMENT, f"unknown finish_reason {value!r} (valid: {valid})"
+        ) from None

@@ -20,6 +20,8 @@ from pydantic import BaseModel, TypeAdapter
 
 from schemas import FinishReason, Message, Snapshot, SnapshotStatus, utcnow
 
+from .base import snapshot_filters
+
 __all__ = ["InMemorySessionStore"]
 
 # Immutable: a deep copy may share them. The exact types first (a set lookup), then
@@ -170,6 +172,7 @@ class InMemorySessionStore:
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
+        status, finish_reason = snapshot_filters(status, finish_reason)
         picked: list[tuple[Snapshot, list[str]]] = []
         if limit <= 0:
             return []

@@ -74,6 +74,7 @@ from sqlmodel import Field, SQLModel, create_engine
 from schemas import ErrorInfo, FinishReason, Message, Snapshot, SnapshotStatus, Status, utcnow
 
 from ..errors import StatusError
+from .base import snapshot_filters
 from .fast import FastStatement
 
 try:
@@ -816,13 +817,14 @@ class SqlSessionStore:
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
+        status, finish_reason = snapshot_filters(status, finish_reason)
         params: dict[str, Any] = {"p_limit": limit}
         if session_id is not None:
             params["p_session"] = session_id
         if status is not None:
-            params["p_status"] = SnapshotStatus(status).value
+            params["p_status"] = status.value
         if finish_reason is not None:
-            params["p_finish_reason"] = FinishReason(finish_reason).value
+            params["p_finish_reason"] = finish_reason.value
         if limit <= 0:
             return []
         stmt = _list_statement(
