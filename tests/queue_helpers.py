@@ -219,11 +219,11 @@ class Service:
         _signal_group(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
-    def stop(self, timeout: float = 15.0) -> str:
-        """SIGTERM the process group, SIGKILL it if it is still there after `timeout`.
-        Returns how it ended ("exit N", "killed")."""
+    def stop(self, timeout: float = 15.0, sig: signal.Signals = signal.SIGTERM) -> str:
+        """Send `sig` (SIGTERM; SIGINT is Ctrl-C) to the process group, SIGKILL it if it
+        is still there after `timeout`. Returns how it ended ("exit N", "killed")."""
         if self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
+            _signal_group(self.proc.pid, sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
-from queue_helpers import run_cli
+from queue_helpers import child_env, interlock_bin, run_cli
 from sqlalchemy import create_engine, inspect
 
 TABLES = [
@@ -127,6 +131,8 @@ def test_numbers_that_cannot_work_are_usage_errors(tmp_path: Path) -> None:
         (["submit", "--agent", "a", "--text", "hi", "--timeout", "0"], "--timeout"),
         (["demo", "--timeout", "0"], "--timeout"),
         (["worker", "--concurrency", "0"], "--concurrency"),
+        (["worker", "--loglevel", "LOUD"], "--loglevel"),
+        (["health", "--max-age", "-5"], "--max-age"),
     ):
         result = run_cli(*args, cwd=tmp_path, timeout=60)
         assert result.returncode == 2, result.describe()
@@ -136,7 +142,9 @@ def test_numbers_that_cannot_work_are_usage_errors(tmp_path: Path) -> None:
 def test_schemas_check_names_missing_files(tmp_path: Path) -> None:
     result = run_cli("schemas", "--check", "--out", str(tmp_path / "none"), timeout=60)
     assert result.returncode == 1, result.describe()
-    assert result.stderr.startswith(f"error: no schema files in {tmp_path}/none"), result.stderr
+    assert result.stderr.startswith(f"error: NOT_FOUND: no schema files in {tmp_path}/none"), (
+        result.stderr
+    )
 
 
 def test_migrate_erases_tokens_an_older_release_kept(tmp_path: Path, pg_url: str) -> None:
@@ -178,3 +186,113 @@ def test_migrate_erases_tokens_an_older_release_kept(tmp_path: Path, pg_url: str
             assert again.json_lines()[0]["tokens_erased"] == 0
         finally:
             engine.dispose()
+
+
+def test_a_closed_output_ends_a_command_quietly(tmp_path: Path) -> None:
+    """`interlock ... | head` that stops reading: no "UNAVAILABLE: Broken pipe" that
+    reads like a broker outage, and the exit status SIGPIPE would give."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before anything is printed
+    try:
+        proc = subprocess.run(
+            [interlock_bin(), "migrate", "--store", f"sqlite:///{tmp_path}/p.db"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=child_env(),
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stderr == "", proc.stderr
+    assert (tmp_path / "p.db").exists(), "the command did its work; only its output was lost"
+
+
+def test_ctrl_c_ends_a_waiting_command_with_130(tmp_path: Path, redis_url: str) -> None:
+    """Ctrl-C while `submit --wait` waits (no worker on this broker): one line, the
+    shell's exit status for SIGINT, no "Aborted!" and no traceback."""
+    proc = subprocess.Popen(
+        [
+            interlock_bin(), "submit", "--app", "examples.banking:ai", "--agent", "bankingAgent",
+            "--text", "hi", "--wait", "--broker", redis_url,
+            "--store", f"sqlite:///{tmp_path}/w.db",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=child_env(),
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        sent = proc.stdout.readline()  # the turn is out; it waits for its event now
+        assert '"turn_id"' in sent, sent
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == "interrupted", err
+    assert "Traceback" not in err and "Aborted" not in err, err
+
+
+def test_health_says_a_heartbeat_file_is_missing(tmp_path: Path, redis_url: str) -> None:
+    store = f"sqlite:///{tmp_path}/h.db"
+    result = run_cli(
+        "health", "--broker", redis_url, "--store", store,
+        "--heartbeat-file", str(tmp_path / "never.alive"), timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1, result.describe()
+    [report] = result.json_lines()
+    assert (report["heartbeat"], report["heartbeat_age"]) == ("missing", None), report
+
+
+def test_a_broken_app_module_is_one_line(tmp_path: Path) -> None:
+    """An --app module that raises, has a syntax error, or lacks the attribute: one
+    line saying which and where, as for a module that is not there."""
+    (tmp_path / "raises.py").write_text("x = 1\nraise RuntimeError('boom at import')\n")
+    (tmp_path / "badsyntax.py").write_text("def f(:\n    pass\n")
+    (tmp_path / "noai.py").write_text("from interlock import Interlock\nother = Interlock()\n")
+    cases = [
+        ("raises", "INVALID_ARGUMENT: app module 'raises' failed to import: "
+         "RuntimeError: boom at import (", "raises.py, line 2)"),
+        ("badsyntax", "INVALID_ARGUMENT: app module 'badsyntax' failed to import: SyntaxError:",
+         "badsyntax.py, line 1)"),
+        ("noai", "INVALID_ARGUMENT: app module 'noai' has no attribute 'ai'", "registry"),
+        ("noai:nope", "INVALID_ARGUMENT: app module 'noai' has no attribute 'nope'", ""),
+    ]  # fmt: skip
+    for app, start, end in cases:
+        result = run_cli(
+            "submit", "--app", app, "--agent", "a", "--text", "hi",
+            "--broker", "redis://127.0.0.1:1/0", "--store", f"sqlite:///{tmp_path}/a.db",
+            cwd=tmp_path, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 1, result.describe()
+        [line] = result.stderr.splitlines()
+        assert line.startswith(f"error: {start}"), line
+        assert line.endswith(end), line
+
+
+def test_demo_with_no_worker_on_its_broker_says_what_to_start(
+    tmp_path: Path, redis_url: str
+) -> None:
+    result = run_cli(
+        "demo", "--approve", "--broker", redis_url, "--store", f"sqlite:///{tmp_path}/d.db",
+        "--timeout", "2", timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1, result.describe()
+    assert result.stderr.splitlines()[-1] == (
+        "error: DEADLINE_EXCEEDED: no event of the turn within 2s: are `interlock worker` "
+        "and `interlock resume-consumer` running on this broker and store?"
+    ), result.describe()
+
+
+def test_demo_in_process_takes_no_broker_or_store(tmp_path: Path) -> None:
+    for flag, value in (("--broker", "redis://127.0.0.1:1/0"), ("--store", "sqlite:///x.db")):
+        result = run_cli("demo", "--in-process", flag, value, cwd=tmp_path, timeout=60)
+        assert result.returncode == 2, result.describe()
+        assert "--in-process uses no queues and no store" in result.stderr, result.describe()

@@ -290,6 +290,12 @@ def test_waiting_on_or_deciding_through_a_dead_broker_is_one_clear_line(
         ("--broker", "amqp-ish", ("broker URL 'amqp-ish' is not a URL",)),
         ("--store", "notaurl", ("store URL 'notaurl' is not a database URL",)),
         ("--store", "postgresql+nodriver://u:secret@h/db", ("u:***@h/db", "Can't load plugin")),
+        (
+            "--store",
+            "mysql://u:secret@h/db",
+            ("u:***@h/db", "the store runs on SQLite or PostgreSQL, not mysql"),
+        ),
+        ("--broker", "memory://", ("a memory:// broker lives inside one process",)),
     ],
 )
 def test_a_url_that_cannot_work_is_invalid_argument(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from interlock import AgentOutput, Part, ToolResume
+from interlock import AgentOutput, Part, Status, StatusError, ToolResume
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -99,7 +99,7 @@ def run_on_queues(
     from events.stream import EventStream
     from examples.banking import ai, using_model
     from interlock import AgentInput, Message
-    from schemas import Decision, RestartEntry, TurnInterrupted
+    from schemas import Decision, EventBase, RestartEntry, TurnInterrupted
 
     from .app import create_app, runtime_of, send_turn
     from .consumer import ResumeConsumer
@@ -107,8 +107,6 @@ def run_on_queues(
     from .turns import new_turn_request
 
     if model is not None and broker is not None:
-        from interlock import Status, StatusError
-
         raise StatusError(
             Status.INVALID_ARGUMENT,
             "--model runs the embedded demo's worker on that model; with --broker the worker "
@@ -154,7 +152,22 @@ def run_on_queues(
         publisher = Publisher(conn)
         in_session = lambda e: e.session_id == session_id  # noqa: E731
         turn_types = {"turn.interrupted", "turn.completed", "turn.failed", "turn.expired"}
-        event = events.next(timeout, in_session, turn_types)
+
+        def wait(what: str, match: Callable[[Any], bool], types: set[str]) -> EventBase:
+            try:
+                return events.next(timeout, match, types)
+            except TimeoutError:
+                where = (
+                    "the embedded worker and resume consumer did not answer"
+                    if embedded
+                    else "are `interlock worker` and `interlock resume-consumer` running "
+                    "on this broker and store?"
+                )
+                raise StatusError(
+                    Status.DEADLINE_EXCEEDED, f"no {what} within {timeout:.0f}s: {where}"
+                ) from None
+
+        event = wait("event of the turn", in_session, turn_types)
         while isinstance(event, TurnInterrupted):
             _hop(f"◀  turn.interrupted: snapshot {event.snapshot_id}")
             entries = []
@@ -182,20 +195,22 @@ def run_on_queues(
             publisher.publish_decision(decision)
             _hop(f"▶  decision {decision.decision_id[:8]} → interlock.decisions")
             decision_id = decision.decision_id
-            outcome = events.next(
-                timeout,
+            outcome = wait(
+                "outcome of the decision",
                 lambda e, d=decision_id: getattr(e, "decision_id", None) == d,  # type: ignore[misc]
                 {"decision.accepted", "decision.rejected"},
             )
             _hop(f"◀  {outcome.type}")
             if outcome.type == "decision.rejected":
                 return outcome.model_dump(mode="json")
-            event = events.next(timeout, in_session, turn_types)
+            event = wait("event of the resumed turn", in_session, turn_types)
         result = event.model_dump(mode="json")
         if event.type == "turn.completed":
             _hop(f"✔  turn.completed: {_text(result)}")
         else:
-            _hop(f"✘  {event.type}: {result.get('error')}")
+            error = result.get("error")
+            said = f": {error['status']}: {error['message']}" if error else ""
+            _hop(f"✘  {event.type}{said}")
         ended = {
             "type": event.type,
             "session_id": session_id,

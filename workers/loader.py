@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 
 from interlock import Interlock, Status, StatusError
 
@@ -30,10 +31,32 @@ def load_registry(spec: str | None) -> Interlock:
         raise StatusError(
             Status.NOT_FOUND, f"cannot import app module {module_name!r}: {exc}"
         ) from exc
-    registry = getattr(module, attr or "ai", None)
+    except Exception as exc:  # the module itself is broken: say where, in one line
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"app module {module_name!r} failed to import: {_where(exc)}",
+        ) from exc
+    name = attr or "ai"
+    if not hasattr(module, name):
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"app module {module_name!r} has no attribute {name!r}: "
+            "--app names MODULE:OBJ, the module's Interlock registry",
+        )
+    registry = getattr(module, name)
     if not isinstance(registry, Interlock):
         raise StatusError(
             Status.INVALID_ARGUMENT,
             f"{spec!r} is not an Interlock registry (got {type(registry).__name__})",
         )
     return registry
+
+
+def _where(exc: Exception) -> str:
+    """`exc` as one line with the file and line it was raised at (for a SyntaxError,
+    the line it points at)."""
+    if isinstance(exc, SyntaxError):
+        return f"SyntaxError: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"

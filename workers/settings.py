@@ -137,20 +137,34 @@ def check_broker_url(url: str) -> None:
         ) from None
 
 
+STORE_BACKENDS = ("sqlite", "postgresql")
+"""The databases `SqlSessionStore` runs on."""
+
+
 def check_store_url(url: str) -> None:
     """A store URL must be a database URL whose dialect SQLAlchemy has (`sqlite:///...`,
     `postgresql+psycopg://...`)."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+    use = "use sqlite:///interlock.db or postgresql+psycopg://USER@HOST/DB"
     try:
-        make_url(url).get_dialect()
+        parsed = make_url(url)
+        backend = parsed.get_backend_name()
+        if backend in STORE_BACKENDS:
+            parsed.get_dialect()
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise StatusError(
             Status.INVALID_ARGUMENT,
             f"store URL {redact_url(url)!r} is not a database URL SQLAlchemy can use ({exc}): "
-            "use sqlite:///interlock.db or postgresql+psycopg://USER@HOST/DB",
+            + use,
         ) from None
+    if backend not in STORE_BACKENDS:
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"store URL {redact_url(url)!r}: the store runs on SQLite or PostgreSQL, "
+            f"not {backend}: {use}",
+        )
 
 
 def redact_url(url: str) -> str:

@@ -23,6 +23,7 @@ from .base import (
     missing_sqlite_file,
     read_store,
     settings_of,
+    shared_broker,
     store_option,
 )
 
@@ -83,6 +84,10 @@ def demo(
 
     if approve and deny:
         raise click.UsageError("give --approve or --deny, not both")
+    if in_process and (broker is not None or store is not None):
+        raise click.UsageError("--in-process uses no queues and no store: drop --broker, --store")
+    if broker is not None:
+        shared_broker(settings_of(broker=broker, store=store))
     decide_fn = ask_human(True if approve else False if deny else None)
     if in_process:
         out = run_in_process(text, decide_fn, model=model)
@@ -137,7 +142,13 @@ def migrate(store: str | None) -> None:
     help="Also require this file (a worker's or a resume consumer's --heartbeat-file) to "
     "have been touched recently.",
 )
-@click.option("--max-age", default=30.0, show_default=True, help="Seconds, with --heartbeat-file.")
+@click.option(
+    "--max-age",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds, with --heartbeat-file.",
+)
 @clear_errors
 def health(
     broker: str | None, store: str | None, heartbeat_file: str | None, max_age: float
@@ -176,7 +187,7 @@ def health(
         path = Path(heartbeat_file)
         age = time.time() - path.stat().st_mtime if path.exists() else None
         report["heartbeat_age"] = round(age, 1) if age is not None else None
-        report["heartbeat"] = "ok" if age is not None and age <= max_age else "stale"
+        report["heartbeat"] = "missing" if age is None else "ok" if age <= max_age else "stale"
     emit(report)
     if any(v != "ok" for k, v in report.items() if k != "heartbeat_age"):
         sys.exit(1)
@@ -211,9 +222,15 @@ def schemas(out_dir: str, check: bool) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     if missing:
-        fail(f"no schema files in {folder} (run `make schemas`): missing " + ", ".join(missing))
+        fail(
+            f"{Status.NOT_FOUND.value}: no schema files in {folder} (run `make schemas`): "
+            "missing " + ", ".join(missing)
+        )
     if stale:
-        fail("schemas are out of date (run `make schemas`): " + ", ".join(stale))
+        fail(
+            f"{Status.FAILED_PRECONDITION.value}: schemas are out of date (run `make schemas`): "
+            + ", ".join(stale)
+        )
     emit({"schemas": str(folder), "checked" if check else "written": len(message_schemas())})
 
 

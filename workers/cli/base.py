@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
+EXIT_INTERRUPTED = 130
+"""The exit code of a command stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
+EXIT_BROKEN_PIPE = 141
+"""The exit code of a command whose output was closed by its reader (128 + SIGPIPE)."""
 PROGRESS_EVERY = 100
 """A batch (`submit --file`) reports its progress on stderr every this many turns."""
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,12 +42,21 @@ def fail(message: str, code: int = 1) -> None:
 
 
 def clear_errors(fn: F) -> F:
-    """Turn Interlock errors into a one-line message and exit code 1."""
+    """Turn Interlock errors into a one-line message and exit code 1. A reader that
+    closed our output (`| head`) ends the command quietly (exit 141, as SIGPIPE would);
+    Ctrl-C ends it with "interrupted" (exit 130)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:
+            # Nothing more can be printed; keep Python from failing once more at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(EXIT_BROKEN_PIPE)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         except InterlockError as exc:
             fail(f"{status_of(exc).value}: {getattr(exc, 'message', str(exc))}")
         except OSError as exc:
@@ -105,7 +119,7 @@ app_option = click.option(
 broker_option = click.option(
     "--broker",
     envvar="INTERLOCK_BROKER_URL",
-    help="Broker URL (redis://, amqp://, memory://). [env: INTERLOCK_BROKER_URL; default redis://localhost:6379/0]",
+    help="Broker URL (redis://, amqp://). [env: INTERLOCK_BROKER_URL; default redis://localhost:6379/0]",
 )
 store_option = click.option(
     "--store",
@@ -118,6 +132,18 @@ def settings_of(
     app: str | None = None, broker: str | None = None, store: str | None = None
 ) -> Settings:
     return Settings.from_env(app=app, broker_url=broker, store_url=store)
+
+
+def shared_broker(settings: Settings) -> Settings:
+    """`settings`, for a command that talks to other processes through the broker: an
+    in-process broker (`memory://`) would lose what it sends, so it is refused."""
+    if settings.broker_url.startswith("memory://"):
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            "a memory:// broker lives inside one process: nothing sent there reaches a "
+            "worker or a resume consumer; use redis://HOST:6379/0 or amqp://HOST:5672//",
+        )
+    return settings
 
 
 wait_option = click.option(

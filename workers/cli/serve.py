@@ -19,6 +19,7 @@ from .base import (
     emit,
     idle_option,
     main,
+    shared_broker,
     store_option,
 )
 
@@ -52,7 +53,8 @@ __all__: list[str] = []
     "-l",
     default="INFO",
     show_default=True,
-    help="Log level of the worker and its turns (DEBUG, INFO, WARNING, ERROR).",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+    help="Log level of the worker and its turns.",
 )
 @click.option(
     "--heartbeat-file",
@@ -81,10 +83,14 @@ def worker(
     from ..burst import BURST_ENV
     from ..loader import load_registry
 
-    settings = Settings.from_env(
-        app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+    settings = shared_broker(
+        Settings.from_env(
+            app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+        )
     )
     load_registry(settings.app)  # fail here, clearly, rather than inside Celery
+    if burst:  # a batch job: no broker, one line (UNAVAILABLE), not Celery's traceback
+        _reach_broker(settings)
     emit(
         {
             "worker": "starting",
@@ -124,6 +130,33 @@ def worker(
     os.execve(sys.executable, argv, env)
 
 
+def _reach_broker(settings: Settings) -> None:
+    """Connect once, with burst mode's few attempts (2, 4 and 6 s apart); a broker
+    that never answers raises kombu's OperationalError."""
+    from kombu.connection import Connection
+
+    from ..burst import BURST_CONNECT_RETRIES
+
+    with Connection(
+        settings.broker_url,
+        transport=settings.broker_transport,
+        transport_options=settings.transport_options,
+    ) as conn:
+
+        def retrying(exc: Exception, interval: float) -> None:
+            click.echo(
+                f"cannot reach the broker ({exc}); trying again in {interval:.0f} s", err=True
+            )
+
+        conn.ensure_connection(
+            retrying,
+            max_retries=BURST_CONNECT_RETRIES,
+            interval_start=2,
+            interval_step=2,
+            interval_max=6,
+        )
+
+
 @main.command(
     "resume-consumer", short_help="Run the resume consumer: decisions in, resumed turns out."
 )
@@ -159,8 +192,10 @@ def resume_consumer(
     from ..maintenance import Maintenance
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = Settings.from_env(
-        app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+    settings = shared_broker(
+        Settings.from_env(
+            app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+        )
     )
     celery_app = create_app(settings)
     consumer = ResumeConsumer(celery_app, heartbeat_file=settings.heartbeat_file)
@@ -168,7 +203,16 @@ def resume_consumer(
     rt.registry  # noqa: B018 - fail early on a bad --app
     maintenance = Maintenance(rt)
     maintenance.start(settings.relay_interval)  # at start-up, then periodically
-    signal.signal(signal.SIGTERM, lambda *_: setattr(consumer, "should_stop", True))
+
+    def stop(signum: int, _frame: object) -> None:
+        """SIGTERM or a first Ctrl-C: finish the decision in hand, then stop (exit 0, as
+        the worker does); a second Ctrl-C interrupts at once."""
+        consumer.should_stop = True
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     emit(
         {
             "resume_consumer": "starting",
@@ -189,6 +233,7 @@ def resume_consumer(
             emit({"resume_consumer": "drained", "handled": consumer.handled})
         else:
             consumer.run()
+            emit({"resume_consumer": "stopped", "handled": consumer.handled})
     finally:
         maintenance.stop()
         rt.close()

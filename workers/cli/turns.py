@@ -21,6 +21,7 @@ from .base import (
     missing_sqlite_file,
     read_store,
     settings_of,
+    shared_broker,
     store_option,
     timeout_option,
     wait_option,
@@ -92,7 +93,7 @@ def submit(
     else:
         assert text is not None
         turns = [FileTurn(0, text, session_id)]
-    settings = settings_of(app, broker, store)
+    settings = shared_broker(settings_of(app, broker, store))
     celery_app = create_app(settings)
     runtime_of(celery_app).registry.lookup_agent(agent_name)
     waiter = Waiter(settings, timeout) if wait else None
@@ -261,7 +262,7 @@ def decide(
             output = json.loads(respond_json)
         except ValueError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--respond") from None
-    settings = settings_of(broker=broker, store=store)
+    settings = shared_broker(settings_of(broker=broker, store=store))
     sql = read_store(settings.store_url)
     try:
         snap = sql.get_snapshot(snapshot_id)
