@@ -16,6 +16,8 @@ from services import (
 )
 from sqlalchemy.engine import make_url
 
+from interlock import Interlock
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
@@ -68,3 +70,15 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     pg = os.environ.get("INTERLOCK_TEST_PG_URL")
     shown = make_url(pg).render_as_string(hide_password=True) if pg else "local server"
     return [f"interlock services: postgresql={shown}, CI={'yes' if os.environ.get('CI') else 'no'}"]
+
+
+@pytest.fixture
+def registries() -> Iterator[list[Interlock]]:
+    """Registries made by a test; their models' HTTP clients are closed after it."""
+    made: list[Interlock] = []
+    yield made
+    for ai in made:
+        for model in ai.models.values():
+            close = getattr(model, "close", None)
+            if close is not None:
+                close()

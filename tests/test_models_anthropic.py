@@ -66,17 +66,6 @@ def direct(server: FakeLLMServer) -> Iterator[AnthropicModel]:
     model.close()
 
 
-@pytest.fixture
-def registries() -> Iterator[list[Interlock]]:
-    made: list[Interlock] = []
-    yield made
-    for ai in made:
-        for model in ai.models.values():
-            close = getattr(model, "close", None)
-            if close is not None:
-                close()
-
-
 def request(*messages: Message, tools: list[ToolDefinition] | None = None) -> ModelRequest:
     return ModelRequest(messages=list(messages), tools=tools or [])
 

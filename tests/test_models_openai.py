@@ -75,18 +75,6 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLLMServer]:
 
 
 @pytest.fixture
-def registries() -> Iterator[list[Interlock]]:
-    """Registries made by a test; their models' HTTP clients are closed after it."""
-    made: list[Interlock] = []
-    yield made
-    for ai in made:
-        for model in ai.models.values():
-            close = getattr(model, "close", None)
-            if close is not None:
-                close()
-
-
-@pytest.fixture
 def direct(server: FakeLLMServer) -> Iterator[OpenAIModel]:
     """`openai/gpt-4o-mini` on the fake server, with fast retries."""
     model = OpenAIModel(

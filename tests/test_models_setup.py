@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from services import free_port
@@ -29,18 +29,6 @@ ENV_VARS = (
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def registries() -> Iterator[list[Interlock]]:
-    """Registries made by a test; their models' HTTP clients are closed after it."""
-    made: list[Interlock] = []
-    yield made
-    for ai in made:
-        for model in ai.models.values():
-            close = getattr(model, "close", None)
-            if close is not None:
-                close()
 
 
 def registry(registries: list[Interlock]) -> Interlock:
