@@ -360,6 +360,31 @@ def test_decide_refuses_a_ref_that_is_not_pending(stack: QueueStack, dash: Dashb
     assert [x["snapshot_id"] for x in listed.json_lines()] == [paused.snapshot_id]
 
 
+def test_decide_refuses_refs_that_leave_an_interrupt_unanswered(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    """Two transfers at once pause together: `--ref` naming one of them would be
+    rejected by the consumer (every pending interrupt at once), so it is refused here,
+    naming the one left out. Both named: sent."""
+    paused = dash.paused("Transfer $44 to a and $45 to b")
+    first, second = paused.interrupts
+    where = ["--store", stack.store_url, "--broker", stack.broker_url]
+    decide = ["decide", paused.snapshot_id, "--token", paused.resume_token, "--approve"]
+    decided = run_cli(*decide, "--ref", first.ref, *where)
+    _clear_failure(
+        decided,
+        "INVALID_ARGUMENT",
+        f"a decision answers every pending interrupt at once: add --ref {second.ref} "
+        f"({second.name}) or leave --ref out",
+    )
+    assert decided.stdout == ""
+    both = run_cli(*decide, "--ref", first.ref, "--ref", second.ref, *where)
+    assert both.returncode == 0, both.describe()
+    [out] = both.json_lines()
+    assert out["refs"] == [first.ref, second.ref]
+    assert dash.outcome(out["decision_id"]).type == "decision.accepted"
+
+
 def test_app_module_in_the_current_directory(stack: QueueStack, tmp_path: Path) -> None:
     """`--app myapp` finds `myapp.py` where the command runs, as `celery -A` does."""
     (tmp_path / "myapp.py").write_text(

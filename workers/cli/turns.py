@@ -218,7 +218,8 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
     "--ref",
     "refs",
     multiple=True,
-    help="Answer this interrupt (repeatable). Default: every pending one, read from the store.",
+    help="Answer this interrupt (repeatable; every pending one must be named). Default: every "
+    "pending one, read from the store.",
 )
 @click.option("--feedback", default=None, help="Feedback sent with --approve/--deny.")
 @click.option("--reviewer", default=None, help="Who decides (kept in the audit trail).")
@@ -287,6 +288,15 @@ def decide(
             Status.INVALID_ARGUMENT,
             f"--ref {unknown[0]} is no pending interrupt of snapshot {snapshot_id} "
             f"(pending: {', '.join(names)})",
+        )
+    left = [ref for ref in names if ref not in wanted]
+    if left:  # the consumer would refuse it: a decision answers them all at once
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            "a decision answers every pending interrupt at once: add "
+            + ", ".join(f"--ref {ref} ({names[ref]})" for ref in left)
+            + " or leave --ref out; to answer them differently, publish a decision's JSON "
+            "(docs/queues.md)",
         )
     respond_entries: list[RespondEntry | Part] = []
     restart_entries: list[RestartEntry | Part] = []
