@@ -183,6 +183,23 @@ def test_sweeper_expires_and_announces(sql_store: SqlSessionStore) -> None:
     assert info.value.status is Status.FAILED_PRECONDITION
 
 
+def test_audit_shows_what_an_expired_pause_asked(sql_store: SqlSessionStore) -> None:
+    """An expired pause keeps its entry with what it asked, at the pause, then its
+    expiry, at the deadline."""
+    outbox = Outbox(sql_store)
+    agent, _ = make_agent(sql_store)
+    soon = agent.run_text(json.dumps({"n": 4, "wait": 0.2}))
+    time.sleep(0.3)
+    [expired] = expire_overdue(sql_store, outbox)
+    entries = session_history(sql_store, DecisionLog(sql_store), soon.session_id)
+    assert [e["kind"] for e in entries] == ["interrupted", "expired"], entries
+    asked, ended = entries
+    assert asked["interrupts"][0]["payload"] == {"n": 4}
+    assert asked["expires_at"] == ended["at"] == expired.expires_at.isoformat()  # type: ignore[union-attr]
+    assert asked["at"] < ended["at"]
+    assert ended["snapshot_id"] == asked["snapshot_id"] == soon.snapshot_id
+
+
 def test_audit_lists_interrupts_and_decisions(sql_store: SqlSessionStore) -> None:
     Outbox(sql_store)
     log = DecisionLog(sql_store)

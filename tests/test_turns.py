@@ -95,6 +95,25 @@ def test_a_refused_turn_is_not_run_by_a_later_delivery(rt: Runtime) -> None:
     assert latest.status is SnapshotStatus.COMPLETED
 
 
+def test_the_audit_shows_a_refused_turn(rt: Runtime) -> None:
+    """A turn refused before it ran has no snapshot: the audit shows it from the
+    journal, in its place between the pause and the answer."""
+    from events.decision_log import DecisionLog
+    from workers.audit import session_history
+
+    paused = run_turn(rt, _message("Transfer $5 to savings", "s-audit"))
+    impatient = _message("Transfer $6 to checking", "s-audit")
+    run_turn(rt, impatient)
+    entries = session_history(rt.store, DecisionLog(rt.store), "s-audit")
+    assert [e["kind"] for e in entries] == ["interrupted", "refused"], entries
+    refused = entries[1]
+    assert refused["turn_id"] == impatient["turn_id"]
+    assert refused["error"]["status"] == "FAILED_PRECONDITION"
+    assert "answer the pending interrupts first" in refused["error"]["message"]
+    assert entries[0]["snapshot_id"] == paused["snapshot_id"]
+    assert session_history(rt.store, DecisionLog(rt.store), "s-other") == []
+
+
 def test_a_refusal_ends_the_turn_for_the_journal(rt: Runtime) -> None:
     """An unknown snapshot: refused, and `begin` then answers ENDED with no snapshot."""
     said = AgentInput(message=Message(role="user", content=[Part(text="hi")]))

@@ -7,12 +7,29 @@ from typing import Any
 
 from events.decision_log import DecisionLog
 from interlock import FinishReason, SnapshotStatus, SqlSessionStore
+from interlock.stores.sql_journal import refused_turns
 
 __all__ = ["session_history"]
 
 
-def _snapshot_entry(snap: Any) -> dict[str, Any]:
-    kind = snap.status.value
+def _snapshot_entries(snap: Any) -> list[dict[str, Any]]:
+    """A snapshot's entry; a pause that expired unanswered shows as what it asked (at
+    its pause) and its expiry (at its deadline)."""
+    if snap.status == SnapshotStatus.EXPIRED:
+        asked = _snapshot_entry(snap, "interrupted")
+        expired = {
+            "at": (snap.expires_at or snap.created_at).isoformat(),
+            "kind": "expired",
+            "snapshot_id": snap.snapshot_id,
+            "turn_id": snap.turn_id,
+        }
+        return [asked, expired]
+    return [_snapshot_entry(snap)]
+
+
+def _snapshot_entry(snap: Any, kind: str | None = None) -> dict[str, Any]:
+    if kind is None:
+        kind = snap.status.value
     if snap.status == SnapshotStatus.COMPLETED:
         kind = "interrupted" if snap.finish_reason == FinishReason.INTERRUPTED else "completed"
     entry: dict[str, Any] = {
@@ -50,9 +67,15 @@ def _answers(body: str) -> dict[str, Any]:
 def session_history(
     store: SqlSessionStore, decisions: DecisionLog, session_id: str
 ) -> list[dict[str, Any]]:
-    """Interrupts, decisions and outcomes of a session, oldest first."""
+    """Interrupts, decisions and outcomes of a session, oldest first: its snapshots, the
+    decisions read for it, and the turns refused before they ran (a message sent while
+    it was paused, say)."""
     snaps = store.list_snapshots(session_id=session_id, limit=100_000)
-    entries = [_snapshot_entry(s) for s in snaps]
+    entries = [entry for snap in snaps for entry in _snapshot_entries(snap)]
+    for turn_id, error, when in refused_turns(store, session_id):
+        entries.append(
+            {"at": when.isoformat(), "kind": "refused", "turn_id": turn_id, "error": error}
+        )
     for record in decisions.for_session(session_id):
         entries.append(
             {

@@ -40,6 +40,7 @@ from sqlalchemy import (
     delete,
     exists,
     insert,
+    inspect,
     literal,
     null,
     or_,
@@ -57,7 +58,14 @@ from schemas import Snapshot, utcnow
 from .fast import FastStatement
 from .sql import SqlSessionStore
 
-__all__ = ["REFUSED", "SqlTurnJournal", "TurnStart", "TurnStartKind", "journal_metadata"]
+__all__ = [
+    "REFUSED",
+    "SqlTurnJournal",
+    "TurnStart",
+    "TurnStartKind",
+    "journal_metadata",
+    "refused_turns",
+]
 
 journal_metadata = MetaData()
 
@@ -187,6 +195,22 @@ class TurnStart:
     """ENDED: the snapshot the turn ended with (None for a refused turn)."""
     status: str | None = None
     """ENDED: that snapshot's status, or `refused`."""
+
+
+def refused_turns(store: SqlSessionStore, session_id: str) -> list[tuple[str, Any, datetime]]:
+    """The turns of `session_id` refused before they ran (no snapshot carries them):
+    `(turn_id, error JSON, when)`, oldest first. Reads only: a store whose journal was
+    never made has none."""
+    if not inspect(store.engine).has_table(_JOURNAL.name):
+        return []
+    query = (
+        select(_JOURNAL.c.turn_id, _JOURNAL.c.body, _JOURNAL.c.created_at)
+        .where(_JOURNAL.c.key == REFUSED, _JOURNAL.c.session_id == session_id)
+        .order_by(_JOURNAL.c.created_at)
+    )
+    with store.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return [(str(turn), json.loads(body), when) for turn, body, when in rows]
 
 
 class SqlTurnJournal:
