@@ -296,3 +296,41 @@ def test_demo_in_process_takes_no_broker_or_store(tmp_path: Path) -> None:
         result = run_cli("demo", "--in-process", flag, value, cwd=tmp_path, timeout=60)
         assert result.returncode == 2, result.describe()
         assert "--in-process uses no queues and no store" in result.stderr, result.describe()
+
+
+def test_ctrl_c_at_the_demo_prompt_is_interrupted_too(tmp_path: Path) -> None:
+    """At a terminal, Ctrl-C while the demo asks: the same "interrupted" and 130
+    (click turns it into its Abort, which printed "Aborted!" and exited 1)."""
+    import pty
+    import select
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [interlock_bin(), "demo", "--in-process"],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env=child_env(),
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    os.close(follower)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"Approve this transfer?" not in seen and time.monotonic() < deadline:
+            if select.select([leader], [], [], 1)[0]:
+                seen += os.read(leader, 4096)
+        assert b"Approve this transfer?" in seen, seen
+        proc.send_signal(signal.SIGINT)  # what the terminal's Ctrl-C sends
+        assert proc.wait(timeout=30) == 130, seen
+        while select.select([leader], [], [], 0.5)[0]:
+            try:
+                seen += os.read(leader, 4096)
+            except OSError:  # the other side has closed
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(leader)
+    assert b"interrupted" in seen and b"Aborted" not in seen, seen

@@ -54,7 +54,7 @@ def clear_errors(fn: F) -> F:
             # Nothing more can be printed; keep Python from failing once more at exit.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(EXIT_BROKEN_PIPE)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, click.exceptions.Abort):  # Abort: Ctrl-C at a prompt
             click.echo("\ninterrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except InterlockError as exc:
