@@ -10,10 +10,14 @@ works on sessions of its own and binds its own event queue, so tests share no st
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import pickle
 import re
+import shutil
+import subprocess
+import time
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -42,6 +46,7 @@ from queue_helpers import (
 from services import eventually
 from sqlalchemy import create_engine, text
 
+from interlock import SqlSessionStore
 from schemas import DecisionRejected, ErrorInfo, Status, TurnExpired, TurnInterrupted
 
 # -------------------------------------------------------------------------- fixtures
@@ -470,3 +475,74 @@ def test_the_cli_approves_a_call_that_tool_approval_holds(stack: QueueStack) -> 
     refused = decide(submit("Transfer $9 to nobody"), "--deny", "--feedback", "not today")
     assert refused["type"] == "turn.completed"
     assert "not today" in json.dumps(refused["message"]), refused
+
+
+# -------------------------------------------------------------------- RabbitMQ refusals
+
+
+@contextlib.contextmanager
+def _queue_refuses(stack: QueueStack, queue: str) -> Iterator[None]:
+    """While open, RabbitMQ turns away every message routed to `queue` (a length limit
+    of 0 with `reject-publish`, as an operator's policy would)."""
+    vhost = stack.broker_url.rsplit("/", 1)[1]
+    ctl = shutil.which("rabbitmqctl")
+    if not vhost or ctl is None:
+        pytest.skip("needs a vhost of the test's own (rabbitmqctl)")
+    name = f"refuse-{uuid.uuid4().hex[:8]}"
+    definition = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+    pattern = f"^{re.escape(queue)}$"
+    subprocess.run(
+        [ctl, "set_policy", "-p", vhost, "--apply-to", "queues", name, pattern, definition],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    try:
+        time.sleep(1)  # a policy takes effect asynchronously
+        yield
+    finally:
+        subprocess.run([ctl, "clear_policy", "-p", vhost, name], capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("stack", ["rabbitmq"], indirect=True)
+def test_rabbitmq_refusing_the_resume_keeps_the_decision(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    """Publisher confirms: a resume RabbitMQ turns away is not taken for sent. The
+    decision stays queued (tried again every second) and, once the queue takes tasks
+    again, its resume runs, once."""
+    paused = dash.paused("Transfer $61 to the full queue")
+    body = dash.approve_all(paused)
+    store = SqlSessionStore(stack.store_url)
+    try:
+        with _queue_refuses(stack, "interlock.turns"):
+            dash.publish_json(body)
+            accepted = dash.outcome(body["decision_id"])
+            assert accepted.type == "decision.accepted", accepted.model_dump_json()
+            time.sleep(3)
+            snaps = store.list_snapshots(session_id=paused.session_id)
+            assert [s.snapshot_id for s in snaps] == [paused.snapshot_id], "nothing ran"
+            assert snaps[0].resumed_by == body["decision_id"], "the claim stays"
+        done = dash.resumed_turn(accepted)
+        assert done.type == "turn.completed", done.model_dump_json()
+        assert {e.event_id for e in dash.outcomes(body["decision_id"])} == {accepted.event_id}
+        assert len(store.list_snapshots(session_id=paused.session_id)) == 2, "it ran once"
+    finally:
+        store.dispose()
+
+
+@pytest.mark.parametrize("stack", ["rabbitmq"], indirect=True)
+def test_rabbitmq_refusing_an_event_keeps_it_in_the_outbox(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    """An event RabbitMQ turns away (its inbox is full) is not marked sent: the outbox
+    publishes it again, and the inbox gets it once it takes messages again."""
+    with _queue_refuses(stack, "interlock.interrupted"):
+        paused = dash.paused("Transfer $62 to the full inbox")  # our own queue took it
+    reader = interrupted_reader(stack.broker_url)
+    try:
+        body, _headers, _type = reader.wait(
+            lambda m: m.get("snapshot_id") == paused.snapshot_id,
+            f"turn.interrupted of {paused.snapshot_id} on interlock.interrupted",
+        )
+    finally:
+        reader.close()
+    assert body["event_id"] == paused.event_id

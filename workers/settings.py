@@ -114,6 +114,12 @@ class Settings:
             )
         if self.broker_url.startswith("memory://"):
             options["polling_interval"] = 0.05  # in-process: poll often, it costs nothing
+        if self.broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
+            # Publisher confirms: a publish returns once RabbitMQ has taken the message, and
+            # one it turns away (a full queue, say) raises. Without them the outbox would
+            # mark a refused event sent, and the consumer ack a decision whose resume was
+            # dropped.
+            options["confirm_publish"] = True
         return options
 
 
