@@ -411,3 +411,34 @@ def test_envelope_tells_what_is_wrong(redis_url: str) -> None:
         # what kombu reads passes as it is: a client's numeric delivery tag included
         numbered = {"body": "e30=", "properties": {"delivery_tag": 7, "body_encoding": "base64"}}
         assert envelope(json.dumps(numbered).encode(), "q", channel) == numbered
+
+
+def test_a_channel_closing_after_its_connection_keeps_its_unacked_messages(
+    redis_url: str,
+) -> None:
+    """Celery closes a connection whose broker went away; a channel that closes after the
+    transport was let go must not fail with an AttributeError (a worker took it for an
+    unrecoverable error and exited). Its unacked message stays in Redis' unacked index,
+    for the visibility timeout's restore."""
+    queue = Queue(f"test.closing.{uuid.uuid4().hex}")
+    conn = Connection(redis_url, transport=Transport)
+    channel = conn.channel()
+    queue.bind(channel).declare()
+    Publisher(conn).publish_raw_event("x", "{}")  # declares the topology on this broker
+    conn.default_channel.basic_publish(
+        channel.prepare_message("{}", content_type="application/json"), "", queue.name
+    )
+    message = queue.bind(channel).get(no_ack=False)
+    assert message is not None
+    tag = message.delivery_tag
+    conn.transport.client = None  # as kombu's Connection._close leaves it
+    channel._disconnect_pools()
+    conn.maybe_close_channel(channel)  # raised AttributeError: 'NoneType' ... 'hostname'
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        assert raw.hexists("unacked", tag), "kept for the visibility timeout's restore"
+        raw.hdel("unacked", tag)
+        raw.zrem("unacked_index", tag)
+        raw.delete(queue.name)
+    finally:
+        raw.close()
