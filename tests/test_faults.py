@@ -934,9 +934,10 @@ def test_deadline_expires_the_turn_end_to_end(
     result = run_cli("audit", paused.turn.session_id, "--store", stack.store_url)
     assert result.returncode == 0, result.describe()
     lines = result.json_lines()
-    assert [line["kind"] for line in lines] == ["expired", "decision"], lines
-    assert lines[1]["reviewer"] == "late@example.com"
-    assert (lines[1]["outcome"], lines[1]["status"]) == ("rejected", "FAILED_PRECONDITION")
+    assert [line["kind"] for line in lines] == ["interrupted", "expired", "decision"], lines
+    assert lines[0]["interrupts"] and lines[0]["expires_at"] == lines[1]["at"], lines
+    assert lines[2]["reviewer"] == "late@example.com"
+    assert (lines[2]["outcome"], lines[2]["status"]) == ("rejected", "FAILED_PRECONDITION")
 
 
 # ------------------------------------------------------------------------ fuzzing
