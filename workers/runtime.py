@@ -54,11 +54,7 @@ class Runtime:
 
     def connection(self) -> Connection:
         """A new broker connection with the shared transport options."""
-        return Connection(
-            self.settings.broker_url,
-            transport=self.settings.broker_transport,
-            transport_options=self.settings.transport_options,
-        )
+        return self.settings.connection()
 
     @cached_property
     def publisher(self) -> Publisher:

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kombu.connection import Connection
+
 from events.redis_transport import transport_for
 from interlock import Status, StatusError
 
@@ -70,7 +72,8 @@ class Settings:
 
     def check_urls(self) -> None:
         """INVALID_ARGUMENT, naming the URL, when the broker URL names no kombu transport
-        or the store URL is no database URL SQLAlchemy knows (nothing is connected)."""
+        or the store URL is no SQLite or PostgreSQL URL SQLAlchemy can load (nothing is
+        connected)."""
         check_broker_url(self.broker_url)
         check_store_url(self.store_url)
 
@@ -97,6 +100,15 @@ class Settings:
         `events.redis_transport` (kombu's, reusing its redis client); None lets kombu
         choose by the URL's scheme."""
         return transport_for(self.broker_url)
+
+    def connection(self) -> Connection:
+        """A new (lazy) broker connection with the transport and the options every client
+        of the broker shares."""
+        return Connection(
+            self.broker_url,
+            transport=self.broker_transport,
+            transport_options=self.transport_options,
+        )
 
     @property
     def transport_options(self) -> dict[str, Any]:
@@ -148,8 +160,8 @@ STORE_BACKENDS = ("sqlite", "postgresql")
 
 
 def check_store_url(url: str) -> None:
-    """A store URL must be a database URL whose dialect SQLAlchemy has (`sqlite:///...`,
-    `postgresql+psycopg://...`)."""
+    """A store URL must be a SQLite or PostgreSQL URL whose dialect and driver SQLAlchemy
+    can load (`sqlite:///...`, `postgresql+psycopg://...`)."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 

@@ -133,15 +133,9 @@ def worker(
 def _reach_broker(settings: Settings) -> None:
     """Connect once, with burst mode's few attempts (2, 4 and 6 s apart); a broker
     that never answers raises kombu's OperationalError."""
-    from kombu.connection import Connection
-
     from ..burst import BURST_CONNECT_RETRIES
 
-    with Connection(
-        settings.broker_url,
-        transport=settings.broker_transport,
-        transport_options=settings.transport_options,
-    ) as conn:
+    with settings.connection() as conn:
 
         def retrying(exc: Exception, interval: float) -> None:
             click.echo(

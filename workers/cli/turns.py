@@ -7,7 +7,6 @@ import uuid
 from typing import TYPE_CHECKING, Any, TextIO
 
 import click
-from kombu.connection import Connection
 
 from interlock import AgentInput, Message, Part, Status, StatusError
 
@@ -332,11 +331,7 @@ def decide(
         else None
     )
     try:
-        with Connection(
-            settings.broker_url,
-            transport=settings.broker_transport,
-            transport_options=settings.transport_options,
-        ) as conn:
+        with settings.connection() as conn:
             Publisher(conn, timeout=timeout).publish_decision(decision)
         emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
         if waiter is None:

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from kombu.connection import Connection
 
 from interlock import Status, StatusError
 
@@ -30,11 +29,7 @@ class Waiter:
         self.timeout = timeout
         self.keep = keep
         self._kept: list[Any] = []
-        self.connection = Connection(
-            settings.broker_url,
-            transport=settings.broker_transport,
-            transport_options=settings.transport_options,
-        )
+        self.connection = settings.connection()
         name = f"interlock.cli.{uuid.uuid4().hex[:12]}"
         self.events = EventStream.bind(self.connection, name, "#", temporary=True)
 
