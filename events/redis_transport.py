@@ -1,5 +1,6 @@
-"""kombu's Redis transport, with one redis client per channel for its commands, and
-publishes routed in one round trip.
+"""kombu's Redis transport, with one redis client per channel for its commands,
+publishes routed in one round trip, and reads that pop and record a message as unacked
+in one step.
 
 kombu's Redis channel builds a new `redis.Redis` for every command it sends outside a
 pipeline (a publish, the topic exchange's bindings lookup, an ack, a queue's size):
@@ -18,8 +19,13 @@ priorities, queues with an expiry declared on this channel, a dead-letter queue,
 publishes, a binding word mixing `*` or `#` with other characters, a newline or NUL in
 a routing key or binding, a broker refusing scripts. Other errors of the script (a
 queue's key holding another type, Redis out of memory or read-only) are raised, as
-kombu's own push would raise them. Everything else, blocking reads included, is
-kombu's own.
+kombu's own push would raise them.
+
+A channel reading one queue with acks (every worker and consumer of Interlock) waits
+with `BLMOVE` and takes each message with a script that pops it and records it as
+unacked together (`redis_pop`), where kombu's `BRPOP` and second command leave a
+window in which a dying consumer loses the message. Other reads, and everything else,
+are kombu's own.
 
 An item on a queue that is no kombu message (a client that pushed its own JSON onto the
 list, a truncated or hand-edited envelope) would make kombu's read raise out of the
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 import uuid
 from queue import Empty
 from typing import Any
@@ -44,6 +51,8 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
+
+from .redis_pop import QoS, pop, refused
 
 __all__ = ["UNREADABLE", "Channel", "Transport", "envelope", "transport_for"]
 
@@ -124,17 +133,21 @@ got it, or -1 (nothing pushed) where kombu's own path must decide: a binding wor
 mixes `*` or `#` with other characters, a newline or NUL in a key (Python's regex and
 Lua's patterns treat those differently), a malformed binding."""
 
-_RAISED = ("WRONGTYPE", "OOM", "READONLY", "MISCONF", "BUSY", "LOADING", "NOREPLICAS")
-"""Errors of a script that ran (a push may have happened before it failed) or of a
-server that would refuse kombu's own commands as well: raised, as kombu's push would
-raise them. Any other error is taken for a refusal to run the script (`EVAL`
-disabled, renamed or denied by an ACL, a Redis-compatible server that forbids
-scripts touching undeclared keys): nothing was pushed, and kombu's path takes over."""
-
 
 class Channel(kombu_redis.Channel):
+    QoS = QoS
     _shared_client: tuple[Any, Any] | None = None  # (the pool it uses, the client)
     _route: Any = None  # the registered `ROUTE` script; False once the broker refused it
+    _pop_script: Any = None  # the registered `POP` script
+    _atomic = True  # reads with `POP`; False once the broker refused it or `BLMOVE`
+    _sent: str | None = None  # the read command in flight: BRPOP, BLMOVE or PING
+    _waited: str | None = None  # the queue that BLMOVE or PING was sent for
+    _pop_next = False  # the priority lists hold messages: pop before waiting again
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._recorded: dict[Any, str] = {}  # see `redis_pop.QoS`
+        self._no_ack: set[str] = set()  # queues consumed without acks
+        super().__init__(*args, **kwargs)
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if self.connection.client is None:
@@ -180,7 +193,7 @@ class Channel(kombu_redis.Channel):
         try:
             pushed = self._route(keys=[key], args=args, client=client)
         except redis.exceptions.ResponseError as exc:
-            if str(exc).split(" ", 1)[0] in _RAISED:
+            if not refused(exc):
                 raise
             self._route = False  # scripts refused (disabled, or no EVAL): kombu's path
             log.warning(
@@ -189,7 +202,135 @@ class Channel(kombu_redis.Channel):
             return False
         return int(pushed) >= 0
 
+    def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        no_ack = kwargs.get("no_ack", args[0] if args else False)
+        (self._no_ack.add if no_ack else self._no_ack.discard)(queue)
+        return super().basic_consume(queue, *args, **kwargs)
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        """kombu's polling read; with acks, the message is popped and recorded as unacked
+        in one step (`redis_pop`)."""
+        if no_ack or not self._atomic:
+            return super().basic_get(queue, no_ack, **kwargs)
+        client = self._create_client()
+        got = self._pop(client, queue)
+        expire = getattr(self, "_maybe_update_queues_expire", None)
+        if expire is not None:
+            expire(client, queue)
+        if got is None:
+            return None if self._atomic else super().basic_get(queue, no_ack, **kwargs)
+        message = self.Message(got, channel=self)
+        try:
+            self.qos.append(message, message.delivery_tag)
+        finally:
+            self._recorded.pop(message.delivery_tag, None)
+        return message
+
+    def _one_queue(self) -> str | None:
+        """The queue a read waits on with `BLMOVE` and takes from with `POP`: the only
+        queue this channel consumes, with acks; None where kombu's `BRPOP` must read (no
+        such queue, several queues, or a broker that refused either command)."""
+        if not self._atomic:
+            return None
+        queues = self.active_queues
+        if len(queues) != 1 or queues[0] in self._no_ack:
+            return None
+        return str(queues[0])
+
+    def _brpop_start(self, timeout: Any = None) -> None:
+        queue = self._one_queue()
+        if queue is None:
+            self._sent = "BRPOP"
+            return super()._brpop_start(timeout)  # type: ignore[no-any-return]
+        if timeout is None:
+            timeout = self.brpop_timeout
+        if self._pop_next:
+            command: list[Any] = ["PING"]  # answered at once: then pop, without waiting
+        else:
+            key = (self.global_keyprefix or "") + self._q_for_pri(queue, 0)
+            command = ["BLMOVE", key, key, "RIGHT", "RIGHT", timeout or 0]
+        self._sent, self._waited = command[0], queue
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]
+        self.client.connection.send_command(*command)
+        return None
+
     def _brpop_read(self, **options: Any) -> Any:
+        if self._sent in ("BLMOVE", "PING"):
+            return self._wait_read(**options)
+        return self._kombu_brpop_read(**options)
+
+    def _wait_read(self, **options: Any) -> Any:
+        """Read the reply of the wait (`BLMOVE`, or `PING` when the priority lists hold
+        messages), then pop and deliver the queue's oldest message with `POP`."""
+        sent, queue = self._sent or "BLMOVE", self._waited or ""
+        try:
+            try:
+                self.client.parse_response(self.client.connection, sent, **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()  # the next iteration reconnects
+                raise
+            except redis.exceptions.ResponseError as exc:
+                if not refused(exc):
+                    raise
+                self._refuse(sent, exc)
+                raise Empty() from None
+            finally:
+                self._in_poll = None  # type: ignore[assignment]
+                self._sent = None
+            if getattr(self, "_closing", False) or queue not in self.active_queues:
+                raise Empty()  # the item is still on its list: a wait takes nothing
+            got = self._pop(self.client, queue)
+            if got is None:
+                raise Empty()
+            message_tag = got["properties"]["delivery_tag"]
+            try:
+                self.connection._deliver(got, queue)
+            finally:
+                self._recorded.pop(message_tag, None)
+            return True
+        finally:
+            flush = getattr(self, "_flush_brpop_reauth", None)
+            if flush is not None:
+                flush()
+
+    def _pop(self, client: Any, queue: str) -> dict[str, Any] | None:
+        """The oldest message of `queue`, popped and recorded with `POP` (see
+        `redis_pop.QoS`); None when the queue is empty, or where the broker refused the
+        script (then `_atomic` is False, and kombu's reads take over)."""
+        try:
+            got = pop(self, client, queue)
+        except redis.exceptions.ResponseError as exc:
+            if not refused(exc):
+                raise
+            self._refuse("POP", exc)
+            return None
+        if got is None:
+            self._pop_next = False
+            return None
+        item, tag, left = got
+        self._pop_next = left > 0
+        message = envelope(item, queue, self)
+        if tag is not None:
+            self._recorded[message["properties"]["delivery_tag"]] = tag
+        return message
+
+    def _refuse(self, command: str, exc: Exception) -> None:
+        self._atomic = False
+        log.warning(
+            "Redis refused %s (%s); reading queues with kombu's BRPOP, which can lose a "
+            "message popped by a consumer that dies before recording it",
+            "the queue read script" if command == "POP" else command,
+            exc,
+        )
+
+    def _poll_error(self, type: str, **options: Any) -> Any:
+        if type == "BRPOP" and self._sent in ("BLMOVE", "PING"):
+            sent, self._sent = self._sent, None
+            return self.client.parse_response(self.client.connection, sent)
+        return super()._poll_error(type, **options)
+
+    def _kombu_brpop_read(self, **options: Any) -> Any:
         """kombu's read of a `BRPOP` reply, with the item turned into a message by
         `envelope` (kombu's `loads` raises on an item that is no JSON)."""
         try:

@@ -47,6 +47,7 @@ def test_services_present() -> None:
     assert {"redis", "postgres", "migrate", "worker", "resume-consumer"} <= set(services)
     redis_cmd = " ".join(services["redis"]["command"])
     assert "--appendonly yes" in redis_cmd
+    assert "--appendfsync always" in redis_cmd, "docs/operations.md, Known limits"
     assert "--maxmemory-policy noeviction" in redis_cmd
     for name in ("redis", "postgres", "worker", "resume-consumer"):
         assert services[name].get("healthcheck"), f"{name} has no health check"

@@ -1,0 +1,325 @@
+"""Queue reads on Redis that cannot lose a message: the pop and its record as unacked
+are one step (events/redis_pop.py), so a consumer dying the instant it has a message
+leaves it for the visibility timeout's restore."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
+from kombu.message import Message
+from kombu.transport import redis as kombu_redis
+
+from events.redis_transport import UNREADABLE, Transport
+
+ROOT = Path(__file__).resolve().parent.parent
+
+DIES_ON_RECEIPT = """
+import os, sys
+from kombu.connection import Connection
+from kombu.entity import Queue
+import events.redis_transport as transport
+
+def die(*args, **kwargs):  # the first step after the reply has reached the client
+    os._exit(9)
+
+transport.envelope = die
+url, name, mode = sys.argv[1:]
+with Connection(url, transport=transport.Transport) as conn:
+    queue = Queue(name).bind(conn.default_channel)
+    if mode == "get":
+        queue.get(no_ack=False)
+    else:
+        with conn.Consumer(queue, callbacks=[lambda body, message: None]):
+            conn.drain_events(timeout=10)
+sys.exit(0)
+"""
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def name() -> str:
+    return f"test.pop.{uuid.uuid4().hex}"
+
+
+def _commands(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {key.removeprefix("cmdstat_"): int(value["calls"]) for key, value in stats.items()}
+
+
+def _delta(before: dict[str, int], after: dict[str, int], command: str) -> int:
+    return after.get(command, 0) - before.get(command, 0)
+
+
+def _consume(conn: Connection, queue: Queue, count: int, **options: Any) -> list[Message]:
+    """`count` messages of `queue`. Drains in short steps: kombu restores unacked
+    messages past the visibility timeout when a step ends with nothing read."""
+    got: list[Message] = []
+    deadline = time.monotonic() + 20
+    with conn.Consumer(queue, callbacks=[lambda body, message: got.append(message)], **options):
+        while len(got) < count:
+            assert time.monotonic() < deadline, f"{len(got)} of {count} messages read"
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=0.5)
+    return got
+
+
+@pytest.mark.parametrize("mode", ["consume", "get"])
+def test_a_consumer_dying_with_a_message_in_hand_loses_nothing(
+    redis_url: str, raw: redis.Redis, name: str, mode: str
+) -> None:
+    """A consumer process killed the instant a read's reply reaches it (kombu's own read
+    has popped the message and not yet recorded it) leaves the message in the unacked
+    index; the next consumer's restore, past the visibility timeout, delivers it."""
+    with Connection(redis_url, transport=Transport) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        queue.declare()
+        conn.Producer().publish({"n": 1}, routing_key=name)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    died = subprocess.run(
+        [sys.executable, "-c", DIES_ON_RECEIPT, redis_url, name, mode],
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert died.returncode == 9, died.stderr
+    assert raw.llen(name) == 0, "the consumer took the message off its list"
+    [tag] = raw.hkeys("unacked")
+    stored, exchange, routing_key = json.loads(raw.hget("unacked", tag) or b"null")
+    assert json.loads(base64.b64decode(stored["body"])) == {"n": 1}
+    assert (exchange, routing_key) == ("", name)
+
+    options = {"visibility_timeout": 0, "unacked_restore_throttle": 1}
+    with Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        [message] = _consume(conn, queue, 1)
+        assert message.payload == {"n": 1}
+        assert message.delivery_info["redelivered"] is True
+        message.ack()
+    assert raw.hlen("unacked") == 0 and raw.zcard("unacked_index") == 0
+    raw.delete(name)
+
+
+def test_a_read_records_the_message_as_kombu_does_and_acks_clear_it(
+    redis_url: str, raw: redis.Redis, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record is kombu's own, `[message, exchange, routing_key]` under the delivery
+    tag; the read makes no second command for it, and an ack or a reject removes it."""
+    appended: list[str] = []
+    kombu_append = kombu_redis.QoS.append
+
+    def spy(self: Any, message: Any, delivery_tag: str) -> None:
+        appended.append(delivery_tag)
+        kombu_append(self, message, delivery_tag)
+
+    monkeypatch.setattr(kombu_redis.QoS, "append", spy)
+    exchange = Exchange(f"{name}.x", type="direct")
+    with Connection(redis_url, transport=Transport) as conn:
+        queue = Queue(name, exchange, routing_key="k").bind(conn.default_channel)
+        queue.declare()
+        producer = conn.Producer()
+        for n in range(3):
+            producer.publish({"n": n}, exchange=exchange, routing_key="k")
+        before = _commands(raw)
+        got = _consume(conn, queue, 3)
+        after = _commands(raw)
+        assert [m.payload["n"] for m in got] == [0, 1, 2], "oldest first"
+        for message in got:
+            stored, ex, rk = json.loads(raw.hget("unacked", message.delivery_tag) or b"null")
+            assert stored["properties"]["delivery_tag"] == message.delivery_tag
+            assert json.loads(base64.b64decode(stored["body"])) == message.payload
+            assert (ex, rk) == (exchange.name, "k")
+        assert _delta(before, after, "brpop") == 0
+        assert appended == [], "kombu's own record (a second command) was not made"
+        assert _delta(before, after, "evalsha") == 3, "one script a message"
+        assert _delta(before, after, "blmove") >= 1
+        got[0].ack()
+        got[1].reject()
+        got[2].requeue()
+        assert raw.hlen("unacked") == 0 and raw.zcard("unacked_index") == 0
+        [again] = _consume(conn, queue, 1)
+        assert again.payload == {"n": 2} and again.delivery_info["redelivered"] is True
+        again.ack()
+        queue.delete()
+
+
+def test_messages_with_a_priority_are_read_in_kombus_order_without_waiting(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    """The wait watches the list of unprioritized messages; those on a priority's own
+    list are popped in kombu's order, and while any are left the next read does not wait
+    (a `PING`, not a `BLMOVE` that would block for its timeout)."""
+    options = {"brpop_timeout": 30}
+    with Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        queue = Queue(name, max_priority=9).bind(conn.default_channel)
+        queue.declare()
+        producer = conn.Producer()
+        producer.publish({"n": "plain"}, routing_key=name)
+        for n in range(3):
+            producer.publish({"n": n}, routing_key=name, priority=6)
+        before = _commands(raw)
+        got = _consume(conn, queue, 4)
+        after = _commands(raw)
+        for message in got:
+            message.ack()
+        queue.delete()
+    # kombu's Redis order: the lowest priority number first, FIFO within one
+    assert [m.payload["n"] for m in got] == ["plain", 0, 1, 2]
+    assert _delta(before, after, "ping") == 3
+    assert _delta(before, after, "blmove") == 1
+    assert raw.hlen("unacked") == 0
+
+
+def test_reads_without_acks_and_of_several_queues_stay_kombus(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    """A consumer without acks records nothing, so it keeps kombu's `BRPOP`; so does a
+    channel reading several queues (a wait watches one list)."""
+    with Connection(redis_url, transport=Transport) as conn:
+        one, two = (Queue(f"{name}.{n}").bind(conn.default_channel) for n in (1, 2))
+        for queue in (one, two):
+            queue.declare()
+            conn.Producer().publish({"q": queue.name}, routing_key=queue.name)
+        before = _commands(raw)
+        [unacked] = _consume(conn, one, 1, no_ack=True)
+        assert unacked.payload == {"q": one.name}
+        assert raw.hlen("unacked") == 0
+        got: list[Message] = []
+        with conn.Consumer([one, two], callbacks=[lambda body, m: got.append(m)]):
+            conn.Producer().publish({"q": one.name}, routing_key=one.name)
+            while len(got) < 2:
+                conn.drain_events(timeout=10)
+        after = _commands(raw)
+        assert sorted(m.payload["q"] for m in got) == [one.name, two.name]
+        for message in got:
+            message.ack()
+        assert _delta(before, after, "brpop") >= 2
+        assert _delta(before, after, "blmove") == 0
+        one.delete()
+        two.delete()
+    assert raw.hlen("unacked") == 0
+
+
+def test_an_item_delivered_as_a_made_message_keeps_one_record(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    """An item the script records but `envelope` cannot deliver as it is (here: a body
+    that is not the base64 it claims) is delivered as a message made from it; its record
+    is replaced by the made message's, so a requeue restores it once, and an ack leaves
+    nothing behind."""
+    item: dict[str, Any] = {
+        "body": "!!!not base64",
+        "headers": {},
+        "content-type": "application/json",
+        "content-encoding": "utf-8",
+        "properties": {
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+            "delivery_info": {"exchange": "", "routing_key": name},
+        },
+    }
+    raw.lpush(name, json.dumps(item))
+    with Connection(redis_url, transport=Transport) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        [made] = _consume(conn, queue, 1)
+        assert "cannot be decoded as 'base64'" in made.headers[UNREADABLE]
+        assert made.delivery_tag != item["properties"]["delivery_tag"]
+        assert raw.hkeys("unacked") == [made.delivery_tag.encode()]
+        made.requeue()
+        assert raw.llen(name) == 1 and raw.hlen("unacked") == 0
+        polled = queue.get(no_ack=False)
+        assert polled is not None and polled.body == made.body
+        assert raw.hkeys("unacked") == [polled.delivery_tag.encode()]
+        polled.ack()
+    assert raw.hlen("unacked") == 0 and raw.zcard("unacked_index") == 0
+    assert raw.llen(name) == 0
+
+
+def test_a_global_key_prefix_applies_to_the_lists_and_the_records(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    options = {"global_keyprefix": "pfx:"}
+    with Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        queue.declare()
+        conn.Producer().publish({"n": 1}, routing_key=name)
+        assert raw.llen(f"pfx:{name}") == 1
+        [message] = _consume(conn, queue, 1)
+        assert raw.hexists("pfx:unacked", message.delivery_tag)
+        assert raw.zscore("pfx:unacked_index", message.delivery_tag) is not None
+        assert not raw.exists("unacked")
+        message.ack()
+        assert raw.hlen("pfx:unacked") == 0
+        polled_none = queue.get(no_ack=False)
+        assert polled_none is None
+        queue.delete()
+
+
+@pytest.fixture
+def limited_user(raw: redis.Redis, redis_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A broker URL for a user the server denies `request.param` (an ACL rule)."""
+    user = f"limited{uuid.uuid4().hex[:8]}"
+    commands = ["+@all", *request.param]
+    raw.acl_setuser(user, enabled=True, nopass=True, keys=["*"], channels=["*"], commands=commands)
+    try:
+        yield redis_url.replace("redis://", f"redis://{user}@", 1)
+    finally:
+        raw.acl_deluser(user)
+
+
+@pytest.mark.parametrize(
+    ("limited_user", "refused"),
+    [(["-blmove"], "BLMOVE"), (["-evalsha", "-eval"], "the queue read script")],
+    indirect=["limited_user"],
+)
+def test_a_broker_refusing_the_wait_or_the_script_gets_kombus_read(
+    limited_user: str,
+    raw: redis.Redis,
+    name: str,
+    refused: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server without `BLMOVE` (before Redis 6.2) or refusing scripts still delivers
+    every message, through kombu's `BRPOP`, with one warning saying what is at stake."""
+    caplog.set_level(logging.WARNING, logger="interlock.transport")
+    with Connection(limited_user, transport=Transport) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        queue.declare()
+        for n in range(3):
+            conn.Producer().publish({"n": n}, routing_key=name)
+        got = _consume(conn, queue, 2)
+        polled = queue.get(no_ack=False)
+        assert polled is not None
+        got.append(polled)
+        assert [m.payload["n"] for m in got] == [0, 1, 2]
+        for message in got:
+            message.ack()
+        queue.delete()
+    warnings = [r.getMessage() for r in caplog.records if "reading queues with" in r.getMessage()]
+    assert len(warnings) == 1 and f"Redis refused {refused}" in warnings[0]
+    assert raw.hlen("unacked") == 0
