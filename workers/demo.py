@@ -103,7 +103,7 @@ def run_on_queues(
 
     from .app import create_app, runtime_of, send_turn
     from .consumer import ResumeConsumer
-    from .settings import Settings
+    from .settings import NO_ANSWER_HINT, Settings
     from .turns import new_turn_request
 
     if model is not None and broker is not None:
@@ -160,8 +160,7 @@ def run_on_queues(
                 where = (
                     "the embedded worker and resume consumer did not answer"
                     if embedded
-                    else "are `interlock worker` and `interlock resume-consumer` running "
-                    "on this broker and store?"
+                    else NO_ANSWER_HINT
                 )
                 raise StatusError(
                     Status.DEADLINE_EXCEEDED, f"no {what} within {timeout:.0f}s: {where}"

@@ -11,7 +11,7 @@ import click
 
 from interlock import Status, StatusError
 
-from ..settings import Settings
+from ..settings import NO_ANSWER_HINT, Settings
 from .base import PROGRESS_EVERY, emit
 
 __all__ = ["Waiter"]
@@ -52,8 +52,7 @@ class Waiter:
             except TimeoutError:
                 raise StatusError(
                     Status.DEADLINE_EXCEEDED,
-                    f"no {what} within {self.timeout:.0f}s: are `interlock worker` and "
-                    "`interlock resume-consumer` running on this broker and store?",
+                    f"no {what} within {self.timeout:.0f}s: {NO_ANSWER_HINT}",
                 ) from None
             if match(found):
                 event = found
