@@ -15,15 +15,20 @@ kombu's order by the same script; the script says when any are left, and the nex
 pops again without waiting.
 
 What the script records is what kombu's `QoS.append` would, `[message, exchange,
-routing_key]` under the delivery tag, so acks, rejects and restores stay kombu's. It
-records only a message it can read: a JSON object with properties holding a string
-`delivery_tag` and a `delivery_info` with a string exchange and routing key (every
-message kombu publishes). Anything else is left to kombu's second command, as before.
+routing_key]` under the delivery tag, so acks, rejects and restores stay kombu's. A
+kombu message (properties holding a string `delivery_tag` and a `delivery_info` with a
+string exchange and routing key, as kombu publishes them) is recorded as it is. Any
+other item (a client's bare JSON, bytes that are no JSON, an envelope kombu would not
+have written) is recorded as a kombu message whose body is the item's exact bytes,
+marked with the `QUEUE_ITEM` header, under a tag of the reader's; once delivered, the
+reader replaces that record with the message it made of the item (`envelope`), and a
+record restored before then is read as the item itself again.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -31,27 +36,56 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
-__all__ = ["POP", "RAISED", "QoS", "pop", "refused"]
+__all__ = ["POP", "QUEUE_ITEM", "RAISED", "QoS", "pop", "refused"]
+
+QUEUE_ITEM = "x-interlock-queue-item"
+"""The header of the record `POP` keeps for a queue item that is no kombu message of its
+own: the message's body is the item's exact bytes, which `envelope` reads again as the
+item itself when the record is restored."""
 
 POP = r"""
+local B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/'
+local function b64(data)
+  local out = {}
+  for i = 1, #data, 3 do
+    local a, b, c = string.byte(data, i, i + 2)
+    local v = a * 65536 + (b or 0) * 256 + (c or 0)
+    local s1, s2 = math.floor(v / 262144) % 64, math.floor(v / 4096) % 64
+    local s3, s4 = math.floor(v / 64) % 64, v % 64
+    out[#out + 1] = string.sub(B64, s1 + 1, s1 + 1) .. string.sub(B64, s2 + 1, s2 + 1)
+      .. (b and string.sub(B64, s3 + 1, s3 + 1) or '=')
+      .. (c and string.sub(B64, s4 + 1, s4 + 1) or '=')
+  end
+  return table.concat(out)
+end
+
 local n = #KEYS - 2
+local function record(tag, message, exchange, routing_key)
+  redis.call('ZADD', KEYS[n + 2], ARGV[1], tag)
+  redis.call('HSET', KEYS[n + 1], tag, '[' .. message .. ',' .. cjson.encode(exchange) .. ','
+    .. cjson.encode(routing_key) .. ']')
+end
+
 for i = 1, n do
   local item = redis.call('RPOP', KEYS[i])
   if item then
-    local tag = false
+    local tag
     local ok, m = pcall(cjson.decode, item)
-    if ok and type(m) == 'table' then
-      local p = m['properties']
-      if type(p) == 'table' then
-        local t, d = p['delivery_tag'], p['delivery_info']
-        if type(t) == 'string' and type(d) == 'table'
-            and type(d['exchange']) == 'string' and type(d['routing_key']) == 'string' then
-          redis.call('ZADD', KEYS[n + 2], ARGV[1], t)
-          redis.call('HSET', KEYS[n + 1], t, '[' .. item .. ','
-            .. cjson.encode(d['exchange']) .. ',' .. cjson.encode(d['routing_key']) .. ']')
-          tag = t
-        end
+    if ok and type(m) == 'table' and type(m['properties']) == 'table' then
+      local t, d = m['properties']['delivery_tag'], m['properties']['delivery_info']
+      if type(t) == 'string' and type(d) == 'table'
+          and type(d['exchange']) == 'string' and type(d['routing_key']) == 'string' then
+        tag = t
+        record(tag, item, d['exchange'], d['routing_key'])
       end
+    end
+    if not tag then
+      tag = ARGV[2]
+      record(tag, '{"body":"' .. b64(item) .. '","content-encoding":"binary",'
+        .. '"content-type":"application/octet-stream","headers":{"' .. ARGV[4] .. '":1},'
+        .. '"properties":{"body_encoding":"base64","delivery_tag":' .. cjson.encode(tag)
+        .. ',"delivery_info":{"exchange":"","routing_key":' .. cjson.encode(ARGV[3])
+        .. '},"delivery_mode":2,"priority":0}}', '', ARGV[3])
     end
     local left = 0
     for j = 2, n do
@@ -62,18 +96,19 @@ for i = 1, n do
 end
 return false
 """
-"""Pop the oldest item of a queue's lists (KEYS[1..n], in kombu's priority order) and,
-where it is a kombu message, record it in the unacked hash (KEYS[n+1]) and index
-(KEYS[n+2], scored ARGV[1], the time). Returns false when every list is empty, else
-{item, its recorded delivery tag or false, how many items the lists after the first
-still hold}."""
+"""Pop the oldest item of a queue's lists (KEYS[1..n], in kombu's priority order) and
+record it in the unacked hash (KEYS[n+1]) and index (KEYS[n+2], scored ARGV[1], the
+time), as kombu's `QoS.append` would: a kombu message under its own delivery tag; any
+other item (no JSON, no envelope, a tag that is not a string) as a kombu message of
+its exact bytes, with the `QUEUE_ITEM` header, under the tag ARGV[2], for the queue
+ARGV[3]. Returns false when every list is empty, else {item, the tag it is recorded
+under, how many items the lists after the first still hold}."""
 
 
-def pop(channel: Any, client: Any, queue: str) -> tuple[bytes, str | None, int] | None:
-    """Run `POP` on `queue`'s lists with `client`: the item, the delivery tag recorded
-    for it (None where kombu must record it) and the items left on the priority lists;
-    None when the queue is empty. Raises redis' ResponseError where the broker refuses
-    the script."""
+def pop(channel: Any, client: Any, queue: str) -> tuple[bytes, str, int] | None:
+    """Run `POP` on `queue`'s lists with `client`: the item, the delivery tag it is
+    recorded under as unacked and the items left on the priority lists; None when the
+    queue is empty. Raises redis' ResponseError where the broker refuses the script."""
     script = channel._pop_script
     if script is None:
         script = channel._pop_script = client.register_script(POP)
@@ -81,13 +116,12 @@ def pop(channel: Any, client: Any, queue: str) -> tuple[bytes, str | None, int] 
     keys += [channel.unacked_key, channel.unacked_index_key]
     prefix = channel.global_keyprefix or ""  # a prefixing client prefixes KEYS[1] only
     keys[1:] = [prefix + key for key in keys[1:]]
-    reply = script(keys=keys, args=[repr(time.time())], client=client)
+    args = [repr(time.time()), str(uuid.uuid4()), queue, QUEUE_ITEM]
+    reply = script(keys=keys, args=args, client=client)
     if not reply:
         return None
     item, tag, left = reply
-    if tag is not None and not isinstance(tag, str):
-        tag = tag.decode() if isinstance(tag, bytes) else None  # a Lua false reads as None
-    return item, tag, int(left)
+    return item, tag.decode() if isinstance(tag, bytes) else str(tag), int(left)
 
 
 class QoS(kombu_redis.QoS):

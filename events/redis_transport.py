@@ -52,7 +52,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
-from .redis_pop import QoS, pop, refused
+from .redis_pop import QUEUE_ITEM, QoS, pop, refused
 
 __all__ = ["UNREADABLE", "Channel", "Transport", "envelope", "transport_for"]
 
@@ -311,8 +311,7 @@ class Channel(kombu_redis.Channel):
         item, tag, left = got
         self._pop_next = left > 0
         message = envelope(item, queue, self)
-        if tag is not None:
-            self._recorded[message["properties"]["delivery_tag"]] = tag
+        self._recorded[message["properties"]["delivery_tag"]] = tag
         return message
 
     def _refuse(self, command: str, exc: Exception) -> None:
@@ -372,8 +371,22 @@ def envelope(item: bytes | str, queue: str, channel: Any) -> dict[str, Any]:
     message is made into one: a JSON object without kombu's envelope (no `properties`
     and no `body`) becomes its JSON body; anything else keeps its exact bytes as the body,
     with what is wrong in the `UNREADABLE` header. Made messages are acked and restored
-    like any other."""
+    like any other. The record `redis_pop` keeps of such an item until its message is
+    made (`QUEUE_ITEM`), restored after a reader stopped, is read as the item itself."""
     raw = item if isinstance(item, bytes) else item.encode("utf-8", errors="surrogatepass")
+    message = _envelope(raw, queue, channel)
+    if (message.get("headers") or {}).get(QUEUE_ITEM):
+        # the record of a queue item that was no kombu message, restored after its
+        # reader stopped (`redis_pop`): read the item itself, as the first time
+        try:
+            item = base64.b64decode(str(message.get("body") or ""), validate=True)
+        except ValueError:
+            return message  # not one of those records: the message as it is
+        return _envelope(item, queue, channel)
+    return message
+
+
+def _envelope(raw: bytes, queue: str, channel: Any) -> dict[str, Any]:
     try:
         payload = loads(bytes_to_str(raw))
     except ValueError as exc:  # not UTF-8, or not JSON

@@ -24,7 +24,8 @@ from kombu.entity import Exchange, Queue
 from kombu.message import Message
 from kombu.transport import redis as kombu_redis
 
-from events.redis_transport import UNREADABLE, Transport
+from events.redis_pop import QUEUE_ITEM
+from events.redis_transport import UNREADABLE, Transport, envelope
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,17 +87,30 @@ def _consume(conn: Connection, queue: Queue, count: int, **options: Any) -> list
     return got
 
 
+ITEMS = {
+    "kombu": None,  # a kombu message, as kombu publishes it
+    "bare": b'{"n": 1}',  # a client's own JSON, pushed with LPUSH (docs/queues.md)
+    "junk": b"\x00\xffnot json",  # bytes that are no JSON at all
+}
+
+
+@pytest.mark.parametrize("kind", list(ITEMS))
 @pytest.mark.parametrize("mode", ["consume", "get"])
 def test_a_consumer_dying_with_a_message_in_hand_loses_nothing(
-    redis_url: str, raw: redis.Redis, name: str, mode: str
+    redis_url: str, raw: redis.Redis, name: str, mode: str, kind: str
 ) -> None:
     """A consumer process killed the instant a read's reply reaches it (kombu's own read
-    has popped the message and not yet recorded it) leaves the message in the unacked
-    index; the next consumer's restore, past the visibility timeout, delivers it."""
-    with Connection(redis_url, transport=Transport) as conn:
-        queue = Queue(name).bind(conn.default_channel)
-        queue.declare()
-        conn.Producer().publish({"n": 1}, routing_key=name)
+    has popped the message and not yet recorded it) leaves the item in the unacked index,
+    whatever the item is; the next consumer's restore, past the visibility timeout,
+    delivers it as the first read would have."""
+    item = ITEMS[kind]
+    if item is None:
+        with Connection(redis_url, transport=Transport) as conn:
+            queue = Queue(name).bind(conn.default_channel)
+            queue.declare()
+            conn.Producer().publish({"n": 1}, routing_key=name)
+    else:
+        raw.lpush(name, item)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     died = subprocess.run(
         [sys.executable, "-c", DIES_ON_RECEIPT, redis_url, name, mode],
@@ -111,15 +125,26 @@ def test_a_consumer_dying_with_a_message_in_hand_loses_nothing(
     assert raw.llen(name) == 0, "the consumer took the message off its list"
     [tag] = raw.hkeys("unacked")
     stored, exchange, routing_key = json.loads(raw.hget("unacked", tag) or b"null")
-    assert json.loads(base64.b64decode(stored["body"])) == {"n": 1}
+    body = base64.b64decode(stored["body"])
+    if item is None:
+        assert json.loads(body) == {"n": 1}
+    else:
+        assert body == item, "the item's exact bytes"
+        assert stored["headers"] == {QUEUE_ITEM: 1}
     assert (exchange, routing_key) == ("", name)
 
     options = {"visibility_timeout": 0, "unacked_restore_throttle": 1}
     with Connection(redis_url, transport=Transport, transport_options=options) as conn:
         queue = Queue(name).bind(conn.default_channel)
         [message] = _consume(conn, queue, 1)
-        assert message.payload == {"n": 1}
-        assert message.delivery_info["redelivered"] is True
+        if kind == "junk":
+            assert message.body == item
+            assert "the queue item is not JSON" in message.headers[UNREADABLE]
+        else:
+            assert message.payload == {"n": 1}
+            assert UNREADABLE not in message.headers
+        if kind == "kombu":
+            assert message.delivery_info["redelivered"] is True
         message.ack()
     assert raw.hlen("unacked") == 0 and raw.zcard("unacked_index") == 0
     raw.delete(name)
@@ -323,3 +348,15 @@ def test_a_broker_refusing_the_wait_or_the_script_gets_kombus_read(
     warnings = [r.getMessage() for r in caplog.records if "reading queues with" in r.getMessage()]
     assert len(warnings) == 1 and f"Redis refused {refused}" in warnings[0]
     assert raw.hlen("unacked") == 0
+
+
+def test_a_message_only_marked_as_a_queue_items_record_is_read_as_it_is(redis_url: str) -> None:
+    """A client's own message with the `QUEUE_ITEM` header whose body is not that record's
+    base64 is delivered as it is, not taken apart."""
+    message = {
+        "body": "not base64!",
+        "headers": {QUEUE_ITEM: 1},
+        "properties": {"delivery_tag": "t", "delivery_info": {"exchange": "", "routing_key": "q"}},
+    }
+    with Connection(redis_url, transport=Transport) as conn:
+        assert envelope(json.dumps(message).encode(), "q", conn.default_channel) == message
