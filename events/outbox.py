@@ -13,7 +13,9 @@ thread of the process, so the turn path pays no read and no write for them.
 Rows of other processes a relay sweeps only once they are `SWEEP_GRACE` seconds old,
 and at most once per `SWEEP_INTERVAL`: a live process publishes its own rows within
 milliseconds and marks them well within the grace, so the sweep takes what a dead (or
-stuck) one left instead of racing the live ones and publishing their events twice.
+stuck) one left instead of racing the live ones and publishing their events twice. A
+sweep claims the rows it takes (`Outbox.leftovers`), so the sweeps of several processes
+(all those started again after a crash) publish each one once.
 """
 
 from __future__ import annotations
@@ -87,6 +89,16 @@ _UNSENT_BEFORE = (
     _SELECT.where(_OUT.sent_at.is_(None), _OUT.created_at <= bindparam("p_before"))
     .order_by(_OUT.id)
     .limit(bindparam("p_limit"))
+)
+_CLAIM = (
+    update(outbox_table)
+    .where(
+        _OUT.id.in_(bindparam("p_ids", expanding=True)),
+        _OUT.sent_at.is_(None),
+        _OUT.created_at <= bindparam("p_before"),
+    )
+    .values(created_at=bindparam("p_now"))
+    .returning(_OUT.id)
 )
 _MARK_SENT = (
     update(outbox_table)
@@ -202,10 +214,28 @@ class Outbox:
 
     def leftovers(self, age: float, limit: int = 500) -> list[Row]:
         """`unsent_before(age)`, without the rows this process is about to publish or
-        to mark itself (they are not left over)."""
+        to mark itself (they are not left over), claimed for this process: their
+        `created_at` moves to now, so that the sweeps of other processes leave them
+        alone for another `age` seconds (several processes starting after a crash
+        would each publish them again). Rows another sweep claimed first are not
+        returned; a sweeper that dies before publishing leaves its rows to the next
+        sweep after that."""
         with self._lock:  # before the query: a row marked meanwhile is not in its result
             known = self._mine.keys() | self._to_mark.keys()
-        return [r for r in self.unsent_before(age, limit) if r[0] not in known]
+        rows = [r for r in self.unsent_before(age, limit) if r[0] not in known]
+        if not rows:
+            return []  # the usual case: a read, and no write
+        now = utcnow()
+        params = {
+            "p_ids": [r[0] for r in rows],
+            "p_before": now - timedelta(seconds=age),
+            "p_now": now,
+        }
+        # Need not wait for the disk: a claim lost with the machine only means another
+        # sweep may publish these events too (events carry ids).
+        with self.store.writer(relaxed=True).begin() as conn:
+            claimed = {int(r[0]) for r in conn.execute(_CLAIM, params)}
+        return [r for r in rows if r[0] in claimed]
 
     # ------------------------------------------------------------ own rows
 

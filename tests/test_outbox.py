@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -409,3 +410,46 @@ def test_rows_of_a_dead_process_are_swept_after_the_grace(
             publisher.close()
             publisher.connection.release()
             stream.close(delete=True)
+
+
+GRACE = 0.5
+"""The sweeps' grace in the test below: long enough for the steps it must fit in."""
+
+
+def test_processes_sweeping_at_once_publish_each_leftover_once(
+    url: str, broker: Connection, events_seen: EventStream
+) -> None:
+    """Rows a dead process left, swept by two processes at once (as after a crash, when
+    every process starts again and sweeps at its first flush): each event goes out once.
+    A sweeper that claimed rows and died before publishing them leaves them to the next
+    sweep after another grace."""
+    stores = [SqlSessionStore(url) for _ in range(4)]
+    dead, first, second, dying = (Outbox(store) for store in stores)
+    publisher = Publisher(broker.clone())
+    try:
+        left = [str(uuid.uuid4()) for _ in range(3)]
+        for event_id in left:
+            dead.add_now(TurnExpired(event_id=event_id, agent="dead"))
+        time.sleep(GRACE + 0.2)
+        relays = [
+            OutboxRelay(box, publisher, sweep_grace=GRACE, sweep_interval=0)
+            for box in (first, second)
+        ]
+        assert [relays[0].flush(), relays[1].flush()] == [3, 0], "claimed by the first sweep"
+        assert sorted(e.event_id for e in read_until(events_seen, relays[0])) == sorted(left)
+
+        late = str(uuid.uuid4())
+        dead.add_now(TurnExpired(event_id=late, agent="dead"))
+        time.sleep(GRACE + 0.2)
+        assert [r[0] for r in dying.leftovers(GRACE)] != [], "claimed, then never published"
+        assert relays[0].flush() == 0, "within the grace the claim holds"
+        time.sleep(GRACE + 0.2)
+        assert relays[1].flush() == 1, "after another grace the row is swept again"
+        assert [e.event_id for e in read_until(events_seen, relays[1])] == [late]
+    finally:
+        publisher.close()
+        publisher.connection.release()
+        for box in (dead, first, second, dying):
+            box.close()
+        for store in stores:
+            store.close()
