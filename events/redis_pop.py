@@ -16,10 +16,12 @@ pops again without waiting.
 
 What the script records is what kombu's `QoS.append` would, `[message, exchange,
 routing_key]` under the delivery tag, so acks, rejects and restores stay kombu's. A
-kombu message (properties holding a string `delivery_tag` and a `delivery_info` with a
-string exchange and routing key, as kombu publishes them) is recorded as it is. Any
-other item (a client's bare JSON, bytes that are no JSON, an envelope kombu would not
-have written) is recorded as a kombu message whose body is the item's exact bytes,
+kombu message (printable ASCII JSON that Python's reader takes too, with properties
+holding a string `delivery_tag` and a `delivery_info` with a string exchange and
+routing key, as kombu publishes them) is recorded as it is: a record kombu could not
+read back would stop its restores. Any other item of up to `WRAP_LIMIT` bytes (a
+client's bare JSON, bytes that are no JSON, an envelope kombu would not have written)
+is recorded as a kombu message whose body is the item's exact bytes,
 marked with the `QUEUE_ITEM` header, under a tag of the reader's; once delivered, the
 reader replaces that record with the message it made of the item (`envelope`), and a
 record restored before then is read as the item itself again.
@@ -36,7 +38,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
-__all__ = ["POP", "QUEUE_ITEM", "RAISED", "QoS", "pop", "refused"]
+__all__ = ["POP", "QUEUE_ITEM", "RAISED", "WRAP_LIMIT", "QoS", "pop", "refused"]
 
 QUEUE_ITEM = "x-interlock-queue-item"
 """The header of the record `POP` keeps for a queue item that is no kombu message of its
@@ -66,11 +68,17 @@ local function record(tag, message, exchange, routing_key)
     .. cjson.encode(routing_key) .. ']')
 end
 
+local strict = cjson.new()  -- a JSON reader no more lenient than Python's: no 0x10, inf
+strict.decode_invalid_numbers(false)
+
 for i = 1, n do
   local item = redis.call('RPOP', KEYS[i])
   if item then
     local tag
-    local ok, m = pcall(cjson.decode, item)
+    local ok, m = false, nil
+    if not string.find(item, '[^\32-\126]') then  -- printable ASCII, as kombu writes JSON
+      ok, m = pcall(strict.decode, item)
+    end
     if ok and type(m) == 'table' and type(m['properties']) == 'table' then
       local t, d = m['properties']['delivery_tag'], m['properties']['delivery_info']
       if type(t) == 'string' and type(d) == 'table'
@@ -79,7 +87,9 @@ for i = 1, n do
         record(tag, item, d['exchange'], d['routing_key'])
       end
     end
-    if not tag then
+    if not tag and #item > tonumber(ARGV[5]) then
+      tag = false  -- too long to encode here without holding Redis up: the reader records it
+    elseif not tag then
       tag = ARGV[2]
       record(tag, '{"body":"' .. b64(item) .. '","content-encoding":"binary",'
         .. '"content-type":"application/octet-stream","headers":{"' .. ARGV[4] .. '":1},'
@@ -98,17 +108,26 @@ return false
 """
 """Pop the oldest item of a queue's lists (KEYS[1..n], in kombu's priority order) and
 record it in the unacked hash (KEYS[n+1]) and index (KEYS[n+2], scored ARGV[1], the
-time), as kombu's `QoS.append` would: a kombu message under its own delivery tag; any
-other item (no JSON, no envelope, a tag that is not a string) as a kombu message of
-its exact bytes, with the `QUEUE_ITEM` header, under the tag ARGV[2], for the queue
-ARGV[3]. Returns false when every list is empty, else {item, the tag it is recorded
-under, how many items the lists after the first still hold}."""
+time), as kombu's `QoS.append` would: a kombu message (printable ASCII JSON, as kombu
+writes it, that Python's reader would take too) under its own delivery tag; any other
+item (no JSON, no envelope, a tag that is not a string) of at most ARGV[5] bytes as a
+kombu message of its exact bytes, with the header ARGV[4] (`QUEUE_ITEM`), under the
+tag ARGV[2], for the queue ARGV[3]. Returns false when every list is empty, else
+{item, the tag it is recorded under or false (not recorded: too long), how many items
+the lists after the first still hold}."""
 
 
-def pop(channel: Any, client: Any, queue: str) -> tuple[bytes, str, int] | None:
+WRAP_LIMIT = 32 * 1024
+"""Bytes of the longest item that is no kombu message `POP` records itself: encoding it
+(base64, in Lua) holds Redis up for about a millisecond a kilobyte. A longer one is
+recorded by the reader, kombu's way, in a second command."""
+
+
+def pop(channel: Any, client: Any, queue: str) -> tuple[bytes, str | None, int] | None:
     """Run `POP` on `queue`'s lists with `client`: the item, the delivery tag it is
-    recorded under as unacked and the items left on the priority lists; None when the
-    queue is empty. Raises redis' ResponseError where the broker refuses the script."""
+    recorded under as unacked (None where the reader must record it) and the items left
+    on the priority lists; None when the queue is empty. Raises redis' ResponseError
+    where the broker refuses the script."""
     script = channel._pop_script
     if script is None:
         script = channel._pop_script = client.register_script(POP)
@@ -116,12 +135,14 @@ def pop(channel: Any, client: Any, queue: str) -> tuple[bytes, str, int] | None:
     keys += [channel.unacked_key, channel.unacked_index_key]
     prefix = channel.global_keyprefix or ""  # a prefixing client prefixes KEYS[1] only
     keys[1:] = [prefix + key for key in keys[1:]]
-    args = [repr(time.time()), str(uuid.uuid4()), queue, QUEUE_ITEM]
+    args = [repr(time.time()), str(uuid.uuid4()), queue, QUEUE_ITEM, str(WRAP_LIMIT)]
     reply = script(keys=keys, args=args, client=client)
     if not reply:
         return None
     item, tag, left = reply
-    return item, tag.decode() if isinstance(tag, bytes) else str(tag), int(left)
+    if isinstance(tag, bytes):
+        tag = tag.decode("ascii")  # printable ASCII, or the reader's own uuid
+    return item, tag if isinstance(tag, str) else None, int(left)
 
 
 class QoS(kombu_redis.QoS):
@@ -155,6 +176,17 @@ reply is taken for a refusal to run the command at all (an unknown or renamed co
 touching undeclared keys)."""
 
 
+_RAISED_CLASSES = (
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.BusyLoadingError,
+)
+"""The errors of `RAISED` that redis-py turns into classes of their own, dropping the
+code from the message."""
+
+
 def refused(exc: redis.exceptions.ResponseError) -> bool:
     """Whether `exc` is a refusal to run the command at all (see `RAISED`)."""
+    if isinstance(exc, _RAISED_CLASSES):
+        return False
     return str(exc).split(" ", 1)[0] not in RAISED

@@ -210,7 +210,7 @@ class Channel(kombu_redis.Channel):
     def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
         """kombu's polling read; with acks, the message is popped and recorded as unacked
         in one step (`redis_pop`)."""
-        if no_ack or not self._atomic:
+        if no_ack or not self._atomic or not self.ack_emulation:
             return super().basic_get(queue, no_ack, **kwargs)
         client = self._create_client()
         got = self._pop(client, queue)
@@ -230,7 +230,7 @@ class Channel(kombu_redis.Channel):
         """The queue a read waits on with `BLMOVE` and takes from with `POP`: the only
         queue this channel consumes, with acks; None where kombu's `BRPOP` must read (no
         such queue, several queues, or a broker that refused either command)."""
-        if not self._atomic:
+        if not self._atomic or not self.ack_emulation:
             return None
         queues = self.active_queues
         if len(queues) != 1 or queues[0] in self._no_ack:
@@ -278,8 +278,10 @@ class Channel(kombu_redis.Channel):
             finally:
                 self._in_poll = None  # type: ignore[assignment]
                 self._sent = None
-            if getattr(self, "_closing", False) or queue not in self.active_queues:
-                raise Empty()  # the item is still on its list: a wait takes nothing
+            if getattr(self, "_closing", False) or self._one_queue() != queue:
+                # Closing, or no longer read this way (cancelled; consumed without acks,
+                # so nothing would ack a record): the item is still on its list.
+                raise Empty()
             got = self._pop(self.client, queue)
             if got is None:
                 raise Empty()
@@ -311,7 +313,8 @@ class Channel(kombu_redis.Channel):
         item, tag, left = got
         self._pop_next = left > 0
         message = envelope(item, queue, self)
-        self._recorded[message["properties"]["delivery_tag"]] = tag
+        if tag is not None:
+            self._recorded[message["properties"]["delivery_tag"]] = tag
         return message
 
     def _refuse(self, command: str, exc: Exception) -> None:
@@ -394,7 +397,14 @@ def _envelope(raw: bytes, queue: str, channel: Any) -> dict[str, Any]:
     if isinstance(payload, dict) and "properties" not in payload and "body" not in payload:
         return _made(raw, queue, None)  # a bare JSON message, as another client may push
     wrong = _unsound(payload, channel)
-    return payload if wrong is None else _made(raw, queue, wrong)
+    if wrong is not None:
+        return _made(raw, queue, wrong)
+    message: dict[str, Any] = payload
+    info = message["properties"].get("delivery_info") or {}
+    if not isinstance(info.get("exchange"), str) or not isinstance(info.get("routing_key"), str):
+        # as kombu's default exchange has it: what acks, rejects and restores need
+        message["properties"]["delivery_info"] = {**info, "exchange": "", "routing_key": queue}
+    return message
 
 
 def _unsound(payload: Any, channel: Any) -> str | None:

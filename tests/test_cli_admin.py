@@ -323,6 +323,14 @@ def test_ctrl_c_at_the_demo_prompt_is_interrupted_too(tmp_path: Path) -> None:
                 seen += os.read(leader, 4096)
         assert b"Approve this transfer?" in seen, seen
         proc.send_signal(signal.SIGINT)  # what the terminal's Ctrl-C sends
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            # keep reading, so that the process never waits on a full terminal
+            if select.select([leader], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(leader, 4096)
+                except OSError:  # the other side has closed
+                    break
         assert proc.wait(timeout=30) == 130, seen
         while select.select([leader], [], [], 0.5)[0]:
             try:

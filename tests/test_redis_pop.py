@@ -24,7 +24,7 @@ from kombu.entity import Exchange, Queue
 from kombu.message import Message
 from kombu.transport import redis as kombu_redis
 
-from events.redis_pop import QUEUE_ITEM
+from events.redis_pop import QUEUE_ITEM, WRAP_LIMIT, refused
 from events.redis_transport import UNREADABLE, Transport, envelope
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,21 @@ ITEMS = {
     "kombu": None,  # a kombu message, as kombu publishes it
     "bare": b'{"n": 1}',  # a client's own JSON, pushed with LPUSH (docs/queues.md)
     "junk": b"\x00\xffnot json",  # bytes that are no JSON at all
+    # envelopes Redis' JSON reader takes and Python's does not: a raw tab in a string, a
+    # hex number, a tag that is no UTF-8 (recorded as they are, their records could not
+    # be restored)
+    "tab": b'{"body": "e30=", "properties": {"delivery_tag": "a\tb", "delivery_info": '
+    b'{"exchange": "", "routing_key": "x"}}}',
+    "hex": b'{"body": "e30=", "n": 0x10, "properties": {"delivery_tag": "h", "delivery_info": '
+    b'{"exchange": "", "routing_key": "x"}}}',
+    "latin": b'{"body": "e30=", "properties": {"delivery_tag": "\xff", "delivery_info": '
+    b'{"exchange": "", "routing_key": "x"}}}',
+    # an envelope with no delivery_info: read as one on kombu's default exchange
+    "noinfo": b'{"body": "eyJuIjogMX0=", "content-type": "application/json", '
+    b'"content-encoding": "utf-8", '
+    b'"properties": {"delivery_tag": "ni", "body_encoding": "base64"}}',
 }
+UNREADABLE_KINDS = ("junk", "tab", "hex")
 
 
 @pytest.mark.parametrize("kind", list(ITEMS))
@@ -137,9 +151,11 @@ def test_a_consumer_dying_with_a_message_in_hand_loses_nothing(
     with Connection(redis_url, transport=Transport, transport_options=options) as conn:
         queue = Queue(name).bind(conn.default_channel)
         [message] = _consume(conn, queue, 1)
-        if kind == "junk":
+        if kind in UNREADABLE_KINDS:
             assert message.body == item
             assert "the queue item is not JSON" in message.headers[UNREADABLE]
+        elif kind == "latin":  # kombu's reader replaces the byte, and reads an envelope
+            assert message.body == b"e30=" and message.delivery_tag == "\ufffd"
         else:
             assert message.payload == {"n": 1}
             assert UNREADABLE not in message.headers
@@ -360,3 +376,86 @@ def test_a_message_only_marked_as_a_queue_items_record_is_read_as_it_is(redis_ur
     }
     with Connection(redis_url, transport=Transport) as conn:
         assert envelope(json.dumps(message).encode(), "q", conn.default_channel) == message
+
+
+def test_a_long_item_that_is_no_message_is_recorded_by_the_reader(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    """Past `WRAP_LIMIT` the script does not encode an item that is no kombu message (it
+    would hold Redis up): the reader records the message made of it, kombu's way."""
+    item = b"x" * (WRAP_LIMIT + 1)
+    raw.lpush(name, item)
+    with Connection(redis_url, transport=Transport) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        [message] = _consume(conn, queue, 1)
+        assert message.body == item
+        assert raw.hkeys("unacked") == [message.delivery_tag.encode()]
+        message.ack()
+    assert raw.hlen("unacked") == 0
+
+
+def test_without_ack_emulation_reads_stay_kombus(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    """With kombu's ack emulation off, acks never remove a record: nothing is recorded."""
+    options = {"ack_emulation": False}
+    with Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        queue.declare()
+        conn.Producer().publish({"n": 1}, routing_key=name)
+        before = _commands(raw)
+        [message] = _consume(conn, queue, 1)
+        message.ack()
+        assert _delta(before, _commands(raw), "blmove") == 0
+        queue.delete()
+    assert raw.hlen("unacked") == 0
+
+
+def test_redis_out_of_memory_is_raised_and_the_message_kept(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    """A full Redis refuses the wait (`BLMOVE` may grow memory). That is an error of the
+    server, raised as kombu raises its own commands' errors, not a refusal of the command
+    that would switch the channel to kombu's read (whose second command would then fail
+    with the message already popped): the message stays on its list."""
+    with Connection(redis_url, transport=Transport) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        queue.declare()
+        conn.Producer().publish({"n": 1}, routing_key=name)
+        policy = str(raw.config_get("maxmemory-policy")["maxmemory-policy"])
+        with conn.Consumer(queue, callbacks=[lambda body, message: None]):
+            raw.config_set("maxmemory-policy", "noeviction")
+            raw.config_set("maxmemory", "1")
+            try:
+                with pytest.raises(redis.exceptions.OutOfMemoryError):
+                    conn.drain_events(timeout=5)
+                assert conn.default_channel._atomic, "still reading with the script"
+                assert raw.llen(name) == 1 and raw.hlen("unacked") == 0
+            finally:
+                raw.config_set("maxmemory", "0")
+                raw.config_set("maxmemory-policy", policy)
+        [message] = _consume(conn, queue, 1)
+        assert message.payload == {"n": 1}
+        message.ack()
+        queue.delete()
+
+
+_E = redis.exceptions
+
+
+@pytest.mark.parametrize(
+    ("error", "is_refusal"),
+    [
+        (_E.NoPermissionError("this user has no permissions to run the 'blmove' command"), True),
+        (_E.ResponseError("unknown command 'BLMOVE', with args beginning with:"), True),
+        (_E.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."), False),
+        (_E.ReadOnlyError("You can't write against a read only replica."), False),
+        (_E.BusyLoadingError("Redis is loading the dataset in memory"), False),
+        (_E.ResponseError("WRONGTYPE Operation against a key holding the wrong kind"), False),
+        (_E.ResponseError("BUSY Redis is busy running a script."), False),
+    ],
+)
+def test_what_counts_as_a_refusal(error: redis.exceptions.ResponseError, is_refusal: bool) -> None:
+    """redis-py drops the code of the errors it has classes for (OOM, READONLY, LOADING,
+    NOPERM): those are told apart by their class."""
+    assert refused(error) is is_refusal
