@@ -266,10 +266,7 @@ class Channel(kombu_redis.Channel):
         sent, queue = self._sent or "BLMOVE", self._waited or ""
         try:
             try:
-                self.client.parse_response(self.client.connection, sent, **options)
-            except self.connection_errors:
-                self.client.connection.disconnect()  # the next iteration reconnects
-                raise
+                self._parse_reply(sent, **options)
             except redis.exceptions.ResponseError as exc:
                 if not refused(exc):
                     raise
@@ -292,9 +289,23 @@ class Channel(kombu_redis.Channel):
                 self._recorded.pop(message_tag, None)
             return True
         finally:
-            flush = getattr(self, "_flush_brpop_reauth", None)
-            if flush is not None:
-                flush()
+            self._flush_reauth()
+
+    def _parse_reply(self, command: str, **options: Any) -> Any:
+        """The reply to the read command in flight; a connection error drops the
+        connection (the next iteration reconnects) and is raised."""
+        try:
+            return self.client.parse_response(self.client.connection, command, **options)
+        except self.connection_errors:
+            self.client.connection.disconnect()
+            raise
+
+    def _flush_reauth(self) -> None:
+        """Send a pending re-authentication now that no read is in flight, as kombu does
+        after each read (kombu 5.6 and later)."""
+        flush = getattr(self, "_flush_brpop_reauth", None)
+        if flush is not None:
+            flush()
 
     def _pop(self, client: Any, queue: str) -> dict[str, Any] | None:
         """The oldest message of `queue`, popped and recorded with `POP` (see
@@ -336,11 +347,7 @@ class Channel(kombu_redis.Channel):
         """kombu's read of a `BRPOP` reply, with the item turned into a message by
         `envelope` (kombu's `loads` raises on an item that is no JSON)."""
         try:
-            try:
-                dest_item = self.client.parse_response(self.client.connection, "BRPOP", **options)
-            except self.connection_errors:
-                self.client.connection.disconnect()  # the next iteration reconnects
-                raise
+            dest_item = self._parse_reply("BRPOP", **options)
             if not dest_item:
                 raise Empty()
             dest, item = dest_item
@@ -350,9 +357,7 @@ class Channel(kombu_redis.Channel):
             return True
         finally:
             self._in_poll = None  # type: ignore[assignment]  # as kombu does
-            flush = getattr(self, "_flush_brpop_reauth", None)  # kombu 5.6 and later
-            if flush is not None:
-                flush()
+            self._flush_reauth()
 
     def _get(self, queue: str, timeout: Any = None) -> Any:
         """kombu's `_get` (a polling read, `basic_get`), with the item read by `envelope`."""

@@ -14,14 +14,14 @@ from interlock import Status, StatusError
 __all__ = ["NO_ANSWER_HINT", "Settings", "check_broker_url", "check_store_url", "redact_url"]
 
 DEFAULT_BROKER = "redis://localhost:6379/0"
-NO_ANSWER_HINT = (
-    "are `interlock worker` and `interlock resume-consumer` running on this broker and store?"
-)
-"""What a client waiting in vain for a turn's events asks (`--wait`, `demo --broker`)."""
 DEFAULT_STORE = "sqlite:///interlock.db"
 DEFAULT_TURN_LEASE = 20.0
 """Seconds a worker's hold on a running turn lasts unrenewed (renewed every third): how
 long a turn whose worker died waits before another worker takes it over."""
+NO_ANSWER_HINT = (
+    "are `interlock worker` and `interlock resume-consumer` running on this broker and store?"
+)
+"""What a client waiting in vain for a turn's events asks (`--wait`, `demo --broker`)."""
 
 
 def _seconds(name: str, default: float, *, whole: bool = False) -> float:
