@@ -7,12 +7,21 @@ leaving a trace of it: lost. Here the pop and the record are one server-side scr
 (`POP`), so a message is always either on its list or in the unacked index, from which
 kombu's visibility-timeout sweep restores it.
 
-A script cannot block, so a consumer waits first with `BLMOVE key key RIGHT RIGHT`,
-which returns the list's oldest item without taking it (it moves it to where it already
-is), then runs `POP`. The wait sees one key: the queue's list at priority 0, where every
-message without a priority goes. Messages on a priority's own list are popped in
-kombu's order by the same script; the script says when any are left, and the next read
-pops again without waiting.
+A script cannot block, so a consumer waits first with `BLMOVE queue reading RIGHT LEFT`,
+which moves the queue's oldest item to a list of that consumer's own (its *reading
+list*), then runs `POP`, which takes the item from there. Only the consumer the move
+served wakes. The wait sees one key: the queue's list at priority 0, where every message
+without a priority goes. Messages on a priority's own list are popped in kombu's order
+by the same script; the script says when any are left, and the next read pops again
+without waiting.
+
+A consumer that dies between the move and `POP` leaves the item on its reading list.
+Every consumer keeps its reading lists' names in a registry (`READERS`, scored with the
+time it last registered, at least every `reader_beat` seconds while it waits, with the
+wait itself never longer), and every consumer looks in the registry as often for
+entries older than three beats: their items go back to the end of their queue where
+they are read next (`RESCUE`). Putting back the items of a consumer that is only slow
+is harmless: `POP` and `RESCUE` are each one step, so an item is taken by one of them.
 
 What the script records is what kombu's `QoS.append` would, `[message, exchange,
 routing_key]` under the delivery tag, so acks, rejects and restores stay kombu's. A
@@ -38,7 +47,22 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
-__all__ = ["POP", "QUEUE_ITEM", "RAISED", "WRAP_LIMIT", "QoS", "pop", "refused"]
+__all__ = [
+    "BEAT",
+    "POP",
+    "QUEUE_ITEM",
+    "RAISED",
+    "READERS",
+    "READING",
+    "RESCUE",
+    "WRAP_LIMIT",
+    "QoS",
+    "beat",
+    "pop",
+    "reading_key",
+    "refused",
+    "rescue",
+]
 
 QUEUE_ITEM = "x-interlock-queue-item"
 """The header of the record `POP` keeps for a queue item that is no kombu message of its
@@ -61,7 +85,7 @@ local function b64(data)
   return table.concat(out)
 end
 
-local n = #KEYS - 2
+local n = #KEYS - 2  -- KEYS[1]: the reading list; KEYS[2..n]: the queue's lists
 local function record(tag, message, exchange, routing_key)
   redis.call('ZADD', KEYS[n + 2], ARGV[1], tag)
   redis.call('HSET', KEYS[n + 1], tag, '[' .. message .. ',' .. cjson.encode(exchange) .. ','
@@ -98,7 +122,7 @@ for i = 1, n do
         .. '},"delivery_mode":2,"priority":0}}', '', ARGV[3])
     end
     local left = 0
-    for j = 2, n do
+    for j = 3, n do
       left = left + redis.call('LLEN', KEYS[j])
     end
     return {item, tag, left}
@@ -106,15 +130,57 @@ for i = 1, n do
 end
 return false
 """
-"""Pop the oldest item of a queue's lists (KEYS[1..n], in kombu's priority order) and
-record it in the unacked hash (KEYS[n+1]) and index (KEYS[n+2], scored ARGV[1], the
-time), as kombu's `QoS.append` would: a kombu message (printable ASCII JSON, as kombu
-writes it, that Python's reader would take too) under its own delivery tag; any other
-item (no JSON, no envelope, a tag that is not a string) of at most ARGV[5] bytes as a
-kombu message of its exact bytes, with the header ARGV[4] (`QUEUE_ITEM`), under the
-tag ARGV[2], for the queue ARGV[3]. Returns false when every list is empty, else
-{item, the tag it is recorded under or false (not recorded: too long), how many items
-the lists after the first still hold}."""
+"""Pop the item of a reading list (KEYS[1]), else the oldest item of a queue's lists
+(KEYS[2..n], in kombu's priority order), and record it in the unacked hash (KEYS[n+1])
+and index (KEYS[n+2], scored ARGV[1], the time), as kombu's `QoS.append` would: a kombu
+message (printable ASCII JSON, as kombu writes it, that Python's reader would take too)
+under its own delivery tag; any other item (no JSON, no envelope, a tag that is not a
+string) of at most ARGV[5] bytes as a kombu message of its exact bytes, with the header
+ARGV[4] (`QUEUE_ITEM`), under the tag ARGV[2], for the queue ARGV[3]. Returns false
+when every list is empty, else {item, the tag it is recorded under or false (not
+recorded: too long), how many items the priority lists (KEYS[3..n]) still hold}."""
+
+READERS = "_interlock.readers"
+"""The registry of reading lists: a sorted set of members (a reader's 32-character tag,
+then the queue's name) scored with the time, Redis' own, their reader last registered."""
+
+READING = "_interlock.reading."
+"""The prefix of a reading list's key; the member follows."""
+
+BEAT = r"""
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+for i = 3, #ARGV do
+  redis.call('ZADD', KEYS[1], now, ARGV[i])
+end
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - tonumber(ARGV[1])),
+  'LIMIT', 0, tonumber(ARGV[2]))
+"""
+"""Register the members ARGV[3..] in the registry KEYS[1] at Redis' time; return up to
+ARGV[2] members registered more than ARGV[1] seconds ago."""
+
+RESCUE = r"""
+if ARGV[2] ~= '' then
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+  if not score then
+    return -1
+  end
+  local t = redis.call('TIME')
+  if tonumber(score) >= tonumber(t[1]) + tonumber(t[2]) / 1000000 - tonumber(ARGV[2]) then
+    return -1
+  end
+end
+local moved = 0
+while redis.call('LMOVE', KEYS[2], KEYS[3], 'LEFT', 'RIGHT') do
+  moved = moved + 1
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+return moved
+"""
+"""Put the items of the reading list KEYS[2] back at the end of the queue KEYS[3] that is
+read next, in their order, and drop the member ARGV[1] from the registry KEYS[1]: only
+where it was registered more than ARGV[2] seconds ago (when ARGV[2] is not empty; -1
+where it was not, or is gone). Returns how many items moved."""
 
 
 WRAP_LIMIT = 32 * 1024
@@ -123,15 +189,27 @@ WRAP_LIMIT = 32 * 1024
 recorded by the reader, kombu's way, in a second command."""
 
 
-def pop(channel: Any, client: Any, queue: str) -> tuple[bytes, str | None, int] | None:
-    """Run `POP` on `queue`'s lists with `client`: the item, the delivery tag it is
-    recorded under as unacked (None where the reader must record it) and the items left
-    on the priority lists; None when the queue is empty. Raises redis' ResponseError
-    where the broker refuses the script."""
-    script = channel._pop_script
+def reading_key(member: str) -> str:
+    """The key of a member's reading list (without the global key prefix)."""
+    return READING + member
+
+
+def _script(channel: Any, client: Any, name: str, source: str) -> Any:
+    scripts: dict[str, Any] = channel._scripts
+    script = scripts.get(name)
     if script is None:
-        script = channel._pop_script = client.register_script(POP)
-    keys = [channel._q_for_pri(queue, pri) for pri in channel.priority_steps]
+        script = scripts[name] = client.register_script(source)
+    return script
+
+
+def pop(channel: Any, client: Any, queue: str, member: str) -> tuple[bytes, str | None, int] | None:
+    """Run `POP` on `member`'s reading list and `queue`'s lists with `client`: the item,
+    the delivery tag it is recorded under as unacked (None where the reader must record
+    it) and the items left on the priority lists; None when the lists are empty. Raises
+    redis' ResponseError where the broker refuses the script."""
+    script = _script(channel, client, "pop", POP)
+    keys = [reading_key(member)]
+    keys += [channel._q_for_pri(queue, pri) for pri in channel.priority_steps]
     keys += [channel.unacked_key, channel.unacked_index_key]
     prefix = channel.global_keyprefix or ""  # a prefixing client prefixes KEYS[1] only
     keys[1:] = [prefix + key for key in keys[1:]]
@@ -143,6 +221,27 @@ def pop(channel: Any, client: Any, queue: str) -> tuple[bytes, str | None, int] 
     if isinstance(tag, bytes):
         tag = tag.decode("ascii")  # printable ASCII, or the reader's own uuid
     return item, tag if isinstance(tag, str) else None, int(left)
+
+
+def beat(channel: Any, client: Any, members: list[str], stale: float, limit: int = 50) -> list[str]:
+    """Register `members` (`BEAT`) and return up to `limit` members of other readers
+    registered more than `stale` seconds ago."""
+    script = _script(channel, client, "beat", BEAT)
+    reply = script(keys=[READERS], args=[repr(stale), str(limit), *members], client=client)
+    found = [m.decode() if isinstance(m, bytes) else str(m) for m in reply]
+    return [m for m in found if m not in members]
+
+
+def rescue(channel: Any, client: Any, member: str, stale: float | None) -> int:
+    """Put `member`'s reading list back on its queue and drop it from the registry
+    (`RESCUE`), only if it was registered more than `stale` seconds ago unless `stale` is
+    None (a reader giving its own back); -1 where it was not. Returns the items moved."""
+    script = _script(channel, client, "rescue", RESCUE)
+    prefix = channel.global_keyprefix or ""
+    queue = member[32:]
+    keys = [READERS, prefix + reading_key(member), prefix + channel._q_for_pri(queue, 0)]
+    args = [member, "" if stale is None else repr(stale)]
+    return int(script(keys=keys, args=args, client=client))
 
 
 class QoS(kombu_redis.QoS):

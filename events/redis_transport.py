@@ -22,10 +22,10 @@ queue's key holding another type, Redis out of memory or read-only) are raised, 
 kombu's own push would raise them.
 
 A channel reading one queue with acks (every worker and consumer of Interlock) waits
-with `BLMOVE` and takes each message with a script that pops it and records it as
-unacked together (`redis_pop`), where kombu's `BRPOP` and second command leave a
-window in which a dying consumer loses the message. Other reads, and everything else,
-are kombu's own.
+with `BLMOVE`, which moves a message to a reading list of its own, and takes it with a
+script that pops it and records it as unacked together (`redis_pop`), where kombu's
+`BRPOP` and second command leave a window in which a dying consumer loses the message.
+Other reads, and everything else, are kombu's own.
 
 An item on a queue that is no kombu message (a client that pushed its own JSON onto the
 list, a truncated or hand-edited envelope) would make kombu's read raise out of the
@@ -41,6 +41,7 @@ transport.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import time
 import uuid
@@ -52,7 +53,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
-from .redis_pop import QUEUE_ITEM, QoS, pop, refused
+from .redis_pop import QUEUE_ITEM, QoS, beat, pop, reading_key, refused, rescue
 
 __all__ = ["UNREADABLE", "Channel", "Transport", "envelope", "transport_for"]
 
@@ -136,9 +137,15 @@ Lua's patterns treat those differently), a malformed binding."""
 
 class Channel(kombu_redis.Channel):
     QoS = QoS
+    from_transport_options = (  # type: ignore[assignment]
+        *kombu_redis.Channel.from_transport_options,
+        "reader_beat",
+    )
+    reader_beat = 10.0
+    """Seconds between a reader's registrations of its reading list while it waits (and
+    the longest wait); a reading list left three beats unregistered is put back."""
     _shared_client: tuple[Any, Any] | None = None  # (the pool it uses, the client)
     _route: Any = None  # the registered `ROUTE` script; False once the broker refused it
-    _pop_script: Any = None  # the registered `POP` script
     _atomic = True  # reads with `POP`; False once the broker refused it or `BLMOVE`
     _sent: str | None = None  # the read command in flight: BRPOP, BLMOVE or PING
     _waited: str | None = None  # the queue that BLMOVE or PING was sent for
@@ -147,6 +154,9 @@ class Channel(kombu_redis.Channel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._recorded: dict[Any, str] = {}  # see `redis_pop.QoS`
         self._no_ack: set[str] = set()  # queues consumed without acks
+        self._scripts: dict[str, Any] = {}  # `redis_pop`'s scripts, registered
+        self._tag = uuid.uuid4().hex  # this channel's reading lists: `_member`
+        self._beats: dict[str, float] = {}  # queue -> when its member last registered
         super().__init__(*args, **kwargs)
 
     def _create_client(self, asynchronous: bool = False) -> Any:
@@ -246,9 +256,14 @@ class Channel(kombu_redis.Channel):
             timeout = self.brpop_timeout
         if self._pop_next:
             command: list[Any] = ["PING"]  # answered at once: then pop, without waiting
+        elif not self._tend(queue):
+            return self._brpop_start(timeout)  # the broker refused the registry: kombu's
         else:
-            key = (self.global_keyprefix or "") + self._q_for_pri(queue, 0)
-            command = ["BLMOVE", key, key, "RIGHT", "RIGHT", timeout or 0]
+            prefix, beat_s = self.global_keyprefix or "", float(self.reader_beat)
+            key = prefix + self._q_for_pri(queue, 0)
+            reading = prefix + reading_key(self._member(queue))
+            wait = min(float(timeout), beat_s) if timeout else beat_s  # registered meanwhile
+            command = ["BLMOVE", key, reading, "RIGHT", "LEFT", wait]
         self._sent, self._waited = command[0], queue
         self._in_poll = self.client.connection
         self._brpop_sent_at = time.monotonic()  # type: ignore[assignment]
@@ -277,7 +292,10 @@ class Channel(kombu_redis.Channel):
                 self._sent = None
             if getattr(self, "_closing", False) or self._one_queue() != queue:
                 # Closing, or no longer read this way (cancelled; consumed without acks,
-                # so nothing would ack a record): the item is still on its list.
+                # so nothing would ack a record): the item goes back to its queue. Where
+                # that fails, it stays registered and another reader puts it back later.
+                with contextlib.suppress(*self.connection_errors, redis.exceptions.ResponseError):
+                    self._give_back(self.client, queue)
                 raise Empty()
             got = self._pop(self.client, queue)
             if got is None:
@@ -307,12 +325,61 @@ class Channel(kombu_redis.Channel):
         if flush is not None:
             flush()
 
+    def _member(self, queue: str) -> str:
+        """The registry member of this channel's reading list for `queue`."""
+        return self._tag + queue
+
+    def _tend(self, queue: str) -> bool:
+        """Before a wait on `queue`: register its reading list when a beat is due, and put
+        back the reading lists that readers left unregistered for three beats. False
+        where the broker refused the scripts (kombu's reads take over)."""
+        now = time.monotonic()
+        if now - self._beats.get(queue, -1e9) < float(self.reader_beat):
+            return True
+        stale = 3 * float(self.reader_beat)
+        client = self._create_client()
+        try:
+            for member in beat(self, client, [self._member(queue)], stale):
+                moved = rescue(self, client, member, stale)
+                if moved > 0:
+                    log.warning(
+                        "put %d message%s back on queue %s: a reader that stopped "
+                        "responding had taken %s",
+                        moved,
+                        "" if moved == 1 else "s",
+                        member[32:],
+                        "it" if moved == 1 else "them",
+                    )
+        except redis.exceptions.ResponseError as exc:
+            if not refused(exc):
+                raise
+            self._refuse("POP", exc)
+            return False
+        self._beats[queue] = now
+        return True
+
+    def _give_back(self, client: Any, queue: str) -> None:
+        """Put this channel's reading list of `queue` back on the queue and leave the
+        registry (the next wait registers again)."""
+        self._beats.pop(queue, None)
+        rescue(self, client, self._member(queue), None)
+
+    def close(self) -> None:
+        if not self._in_poll and not self.closed and self._beats:
+            # No wait in flight: put back what a wait whose reply was lost (a connection
+            # error) may have left on a reading list, and leave the registry.
+            with contextlib.suppress(*self.connection_errors, redis.exceptions.ResponseError):
+                client = self._create_client()
+                for queue in list(self._beats):
+                    self._give_back(client, queue)
+        super().close()
+
     def _pop(self, client: Any, queue: str) -> dict[str, Any] | None:
         """The oldest message of `queue`, popped and recorded with `POP` (see
         `redis_pop.QoS`); None when the queue is empty, or where the broker refused the
         script (then `_atomic` is False, and kombu's reads take over)."""
         try:
-            got = pop(self, client, queue)
+            got = pop(self, client, queue, self._member(queue))
         except redis.exceptions.ResponseError as exc:
             if not refused(exc):
                 raise

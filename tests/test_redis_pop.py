@@ -11,10 +11,12 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import pytest
@@ -24,7 +26,7 @@ from kombu.entity import Exchange, Queue
 from kombu.message import Message
 from kombu.transport import redis as kombu_redis
 
-from events.redis_pop import QUEUE_ITEM, WRAP_LIMIT, refused
+from events.redis_pop import QUEUE_ITEM, READERS, WRAP_LIMIT, reading_key, refused, rescue
 from events.redis_transport import UNREADABLE, Transport, envelope
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,8 +40,8 @@ import events.redis_transport as transport
 def die(*args, **kwargs):  # the first step after the reply has reached the client
     os._exit(9)
 
-transport.envelope = die
-url, name, mode = sys.argv[1:]
+url, name, mode, where = sys.argv[1:]
+setattr(transport, where, die)
 with Connection(url, transport=transport.Transport) as conn:
     queue = Queue(name).bind(conn.default_channel)
     if mode == "get":
@@ -125,17 +127,7 @@ def test_a_consumer_dying_with_a_message_in_hand_loses_nothing(
             conn.Producer().publish({"n": 1}, routing_key=name)
     else:
         raw.lpush(name, item)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    died = subprocess.run(
-        [sys.executable, "-c", DIES_ON_RECEIPT, redis_url, name, mode],
-        cwd=ROOT,
-        env=env,
-        timeout=60,
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    assert died.returncode == 9, died.stderr
+    _died(redis_url, name, mode, "envelope")
     assert raw.llen(name) == 0, "the consumer took the message off its list"
     [tag] = raw.hkeys("unacked")
     stored, exchange, routing_key = json.loads(raw.hget("unacked", tag) or b"null")
@@ -197,7 +189,8 @@ def test_a_read_records_the_message_as_kombu_does_and_acks_clear_it(
             assert (ex, rk) == (exchange.name, "k")
         assert _delta(before, after, "brpop") == 0
         assert appended == [], "kombu's own record (a second command) was not made"
-        assert _delta(before, after, "evalsha") == 3, "one script a message"
+        # one script a message, and the reading list's registration before the first wait
+        assert _delta(before, after, "evalsha") == 3 + 1
         assert _delta(before, after, "blmove") >= 1
         got[0].ack()
         got[1].reject()
@@ -459,3 +452,163 @@ def test_what_counts_as_a_refusal(error: redis.exceptions.ResponseError, is_refu
     """redis-py drops the code of the errors it has classes for (OOM, READONLY, LOADING,
     NOPERM): those are told apart by their class."""
     assert refused(error) is is_refusal
+
+
+def test_one_message_wakes_one_of_the_consumers_waiting_on_its_queue(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    """Consumers waiting on one queue (the worker processes of a batch pipeline) are not
+    all woken for each message: the wait moves the message to the one consumer it
+    serves, so Redis runs one wait and one read script a message, not one per waiter."""
+    readers, count = 4, 40
+    got: list[tuple[int, Any]] = []
+    stop = threading.Event()
+    ready = threading.Barrier(readers + 1)
+
+    def read(n: int) -> None:
+        options = {"brpop_timeout": 30}
+        with Connection(redis_url, transport=Transport, transport_options=options) as conn:
+            queue = Queue(name).bind(conn.default_channel)
+
+            def on_message(body: Any, message: Message) -> None:
+                got.append((n, body["n"]))
+                message.ack()
+
+            with conn.Consumer(queue, callbacks=[on_message]):
+                ready.wait(timeout=10)
+                while not stop.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        conn.drain_events(timeout=0.2)
+
+    threads = [threading.Thread(target=read, args=(n,), daemon=True) for n in range(readers)]
+    for thread in threads:
+        thread.start()
+    ready.wait(timeout=10)
+    time.sleep(0.3)  # every reader is waiting
+    before = _commands(raw)
+    with Connection(redis_url, transport=Transport) as conn:
+        producer = conn.Producer()
+        for n in range(count):
+            producer.publish({"n": n}, routing_key=name)
+            time.sleep(0.02)  # each message finds the readers waiting again
+        deadline = time.monotonic() + 20
+        while len(got) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+    after = _commands(raw)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert sorted(n for _, n in got) == list(range(count)), "each message read once"
+    assert len({reader for reader, _ in got}) > 1, "the messages were shared out"
+    waits, reads = _delta(before, after, "blmove"), _delta(before, after, "evalsha")
+    assert waits < 2 * count, f"{waits} waits served for {count} messages"
+    assert reads < 2 * count, f"{reads} read scripts for {count} messages"
+    assert raw.hlen("unacked") == 0
+    raw.delete(name)
+
+
+def _members(client: redis.Redis) -> list[str]:
+    members: list[bytes] = client.zrange(READERS, 0, -1)  # type: ignore[assignment]
+    return [m.decode() for m in members]
+
+
+def _died(redis_url: str, name: str, mode: str, where: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    died = subprocess.run(
+        [sys.executable, "-c", DIES_ON_RECEIPT, redis_url, name, mode, where],
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert died.returncode == 9, died.stderr
+
+
+def test_a_consumer_dying_between_the_wait_and_the_pop_gets_its_message_put_back(
+    redis_url: str, raw: redis.Redis, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A consumer killed after the wait moved the message to its reading list, before the
+    script took it from there, leaves it on that list, registered. Once the registration
+    is three beats old, the next consumer's wait puts it back on its queue, with a
+    warning, and reads it."""
+    raw.delete(READERS)
+    with Connection(redis_url, transport=Transport) as conn:
+        Queue(name).bind(conn.default_channel).declare()
+        conn.Producer().publish({"n": 1}, routing_key=name)
+    _died(redis_url, name, "consume", "pop")
+    [member] = _members(raw)
+    assert member.endswith(name) and raw.llen(name) == 0
+    assert raw.llen(reading_key(member)) == 1, "the wait moved the message to the reader"
+    assert raw.hlen("unacked") == 0
+
+    caplog.set_level(logging.WARNING, logger="interlock.transport")
+    options = {"reader_beat": 0.2}  # a registration three beats old is 0.6 s old
+    with Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        time.sleep(0.7)
+        [message] = _consume(conn, queue, 1)
+        assert message.payload == {"n": 1}
+        message.ack()
+        assert not raw.exists(reading_key(member))
+        assert raw.zscore(READERS, member) is None
+    assert any(f"put 1 message back on queue {name}" in r.getMessage() for r in caplog.records)
+    assert raw.zcard(READERS) == 0, "a channel that closes leaves the registry"
+    assert raw.hlen("unacked") == 0 and raw.llen(name) == 0
+
+
+def test_a_reading_list_is_put_back_only_once_its_registration_is_stale(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    """`RESCUE` leaves a reading list registered less than the given seconds ago; an
+    older one goes back to the end of its queue that is read next, in its order."""
+    member = "f" * 32 + name
+    raw.zadd(READERS, {member: time.time()})
+    raw.lpush(reading_key(member), b"older", b"newer")  # the reader takes the right end
+    raw.lpush(name, b"queued")
+    with Connection(redis_url, transport=Transport) as conn:
+        channel = conn.default_channel
+        client = channel._create_client()
+        assert rescue(channel, client, member, 60.0) == -1
+        assert raw.llen(reading_key(member)) == 2 and raw.llen(name) == 1
+        assert rescue(channel, client, "e" * 32 + name, 0.0) == -1, "no such member"
+        time.sleep(0.05)
+        assert rescue(channel, client, member, 0.01) == 2
+    assert raw.lrange(name, 0, -1) == [b"queued", b"newer", b"older"]  # RPOP: older first
+    assert raw.zscore(READERS, member) is None and not raw.exists(reading_key(member))
+    raw.delete(name)
+
+
+@pytest.mark.parametrize("how", ["cancel", "close"])
+def test_a_wait_answered_after_its_queue_is_no_longer_read_puts_the_message_back(
+    redis_url: str, raw: redis.Redis, name: str, how: str
+) -> None:
+    """A wait that returns a message after its consumer was cancelled, or while its
+    channel closes, delivers nothing and puts the message back on its queue."""
+    raw.delete(READERS)
+    delivered: list[Any] = []
+    with Connection(redis_url, transport=Transport) as conn:
+        channel = conn.channel()
+        queue = Queue(name).bind(channel)
+        queue.declare()
+        channel.basic_consume(name, False, delivered.append, consumer_tag="c")
+        conn.transport.cycle._register_BRPOP(channel)  # as the poller starts a wait
+        raw.lpush(name, json.dumps({"n": 1}))
+        deadline = time.monotonic() + 5
+        while raw.llen(name) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        [member] = _members(raw)
+        assert raw.llen(reading_key(member)) == 1, "the wait has moved the message"
+        if how == "cancel":
+            channel.basic_cancel("c")
+            with pytest.raises(Empty):
+                channel._brpop_read()
+            assert raw.llen(name) == 1, "put back at once, not when the channel closes"
+            channel.close()
+        else:
+            channel.close()
+    assert delivered == []
+    assert raw.lrange(name, 0, -1) == [json.dumps({"n": 1}).encode()]
+    assert raw.zcard(READERS) == 0 and raw.hlen("unacked") == 0
+    raw.delete(name)
