@@ -50,6 +50,13 @@ def test_health_reads_the_store_url_as_the_store_does(tmp_path: Path, redis_url:
     assert bad.returncode == 1, bad.describe()
     [report] = bad.json_lines()
     assert report["store"].startswith(f"error: NOT_FOUND: no store at {tmp_path}/no/such/dir/h.db")
+    assert (
+        bad.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: UNAVAILABLE: unhealthy: store error: NOT_FOUND: no store at {tmp_path}"
+        )
+    ), bad.stderr
     assert run_cli("migrate", "--store", store, timeout=60).returncode == 0
     result = run_cli("health", "--broker", redis_url, "--store", store, timeout=60)
     assert result.returncode == 0, result.describe()
@@ -249,6 +256,8 @@ def test_health_says_a_heartbeat_file_is_missing(tmp_path: Path, redis_url: str)
     assert result.returncode == 1, result.describe()
     [report] = result.json_lines()
     assert (report["heartbeat"], report["heartbeat_age"]) == ("missing", None), report
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "error: UNAVAILABLE: unhealthy: heartbeat missing", result.stderr
 
 
 def test_a_broken_app_module_is_one_line(tmp_path: Path) -> None:

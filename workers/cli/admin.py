@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -189,8 +188,9 @@ def health(
         report["heartbeat_age"] = round(age, 1) if age is not None else None
         report["heartbeat"] = "missing" if age is None else "ok" if age <= max_age else "stale"
     emit(report)
-    if any(v != "ok" for k, v in report.items() if k != "heartbeat_age"):
-        sys.exit(1)
+    failed = [f"{k} {v}" for k, v in report.items() if k != "heartbeat_age" and v != "ok"]
+    if failed:
+        fail(f"{Status.UNAVAILABLE.value}: unhealthy: " + "; ".join(failed))
 
 
 @main.command(short_help="Write or check the JSON Schemas of the queue messages.")
