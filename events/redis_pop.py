@@ -16,11 +16,11 @@ by the same script; the script says when any are left, and the next read pops ag
 without waiting.
 
 A consumer that dies between the move and `POP` leaves the item on its reading list.
-Every consumer keeps its reading lists' names in a registry (`READERS`, scored with the
-time it last registered, at least every `reader_beat` seconds while it waits, with the
-wait itself never longer), and every consumer looks in the registry as often for
-entries older than three beats: their items go back to the end of their queue where
-they are read next (`RESCUE`). Putting back the items of a consumer that is only slow
+Every consumer keeps its reading lists' names in a registry (`READERS`), as alive for
+three of its beats: it registers at least every `reader_beat` seconds while it waits,
+and no wait lasts longer. Every consumer looks in the registry as often for entries
+whose time is up: their items go back to the end of their queue where they are read
+next (`RESCUE`). Putting back the items of a consumer that is only slow
 is harmless: `POP` and `RESCUE` are each one step, so an item is taken by one of them.
 
 What the script records is what kombu's `QoS.append` would, `[message, exchange,
@@ -38,6 +38,7 @@ record restored before then is read as the item itself again.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Any
@@ -47,6 +48,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
+log = logging.getLogger("interlock.transport")
+
 __all__ = [
     "BEAT",
     "POP",
@@ -55,6 +58,7 @@ __all__ = [
     "READERS",
     "READING",
     "RESCUE",
+    "UNRESTORABLE",
     "WRAP_LIMIT",
     "QoS",
     "beat",
@@ -142,7 +146,14 @@ recorded: too long), how many items the priority lists (KEYS[3..n]) still hold}.
 
 READERS = "_interlock.readers"
 """The registry of reading lists: a sorted set of members (a reader's 32-character tag,
-then the queue's name) scored with the time, Redis' own, their reader last registered."""
+then the queue's name) scored with the time, Redis' own, until which their reader
+counts as alive: three of its beats after it last registered. Each reader sets its own
+time, so readers with different beats share one registry."""
+
+UNRESTORABLE = "_interlock.unrestorable"
+"""A hash of the unacked records kombu could not read back (not JSON to Python, nested
+too deep), by delivery tag: set aside, with an error in the log, where kombu's restore
+would raise at each sweep and stop every restore after it."""
 
 READING = "_interlock.reading."
 """The prefix of a reading list's key; the member follows."""
@@ -151,13 +162,12 @@ BEAT = r"""
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 for i = 3, #ARGV do
-  redis.call('ZADD', KEYS[1], now, ARGV[i])
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
 end
-return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - tonumber(ARGV[1])),
-  'LIMIT', 0, tonumber(ARGV[2]))
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'LIMIT', 0, tonumber(ARGV[2]))
 """
-"""Register the members ARGV[3..] in the registry KEYS[1] at Redis' time; return up to
-ARGV[2] members registered more than ARGV[1] seconds ago."""
+"""Register the members ARGV[3..] in the registry KEYS[1] as alive for ARGV[1] seconds
+from Redis' time; return up to ARGV[2] members whose time is up."""
 
 RESCUE = r"""
 if ARGV[2] ~= '' then
@@ -166,7 +176,7 @@ if ARGV[2] ~= '' then
     return -1
   end
   local t = redis.call('TIME')
-  if tonumber(score) >= tonumber(t[1]) + tonumber(t[2]) / 1000000 - tonumber(ARGV[2]) then
+  if tonumber(score) >= tonumber(t[1]) + tonumber(t[2]) / 1000000 then
     return -1
   end
 end
@@ -179,8 +189,8 @@ return moved
 """
 """Put the items of the reading list KEYS[2] back at the end of the queue KEYS[3] that is
 read next, in their order, and drop the member ARGV[1] from the registry KEYS[1]: only
-where it was registered more than ARGV[2] seconds ago (when ARGV[2] is not empty; -1
-where it was not, or is gone). Returns how many items moved."""
+where its time is up (when ARGV[2] is not empty; -1 where it is not, or where the
+member is gone). Returns how many items moved."""
 
 
 WRAP_LIMIT = 32 * 1024
@@ -223,25 +233,24 @@ def pop(channel: Any, client: Any, queue: str, member: str) -> tuple[bytes, str 
     return item, tag if isinstance(tag, str) else None, int(left)
 
 
-def beat(channel: Any, client: Any, members: list[str], stale: float, limit: int = 50) -> list[str]:
-    """Register `members` (`BEAT`) and return up to `limit` members of other readers
-    registered more than `stale` seconds ago."""
+def beat(channel: Any, client: Any, members: list[str], alive: float, limit: int = 50) -> list[str]:
+    """Register `members` as alive for `alive` seconds (`BEAT`) and return up to `limit`
+    members of other readers whose time is up."""
     script = _script(channel, client, "beat", BEAT)
-    reply = script(keys=[READERS], args=[repr(stale), str(limit), *members], client=client)
+    reply = script(keys=[READERS], args=[repr(alive), str(limit), *members], client=client)
     found = [m.decode() if isinstance(m, bytes) else str(m) for m in reply]
     return [m for m in found if m not in members]
 
 
-def rescue(channel: Any, client: Any, member: str, stale: float | None) -> int:
+def rescue(channel: Any, client: Any, member: str, own: bool = False) -> int:
     """Put `member`'s reading list back on its queue and drop it from the registry
-    (`RESCUE`), only if it was registered more than `stale` seconds ago unless `stale` is
-    None (a reader giving its own back); -1 where it was not. Returns the items moved."""
+    (`RESCUE`): only if its time is up, unless `own` (a reader giving its own back); -1
+    where it was not. Returns the items moved."""
     script = _script(channel, client, "rescue", RESCUE)
     prefix = channel.global_keyprefix or ""
     queue = member[32:]
     keys = [READERS, prefix + reading_key(member), prefix + channel._q_for_pri(queue, 0)]
-    args = [member, "" if stale is None else repr(stale)]
-    return int(script(keys=keys, args=args, client=client))
+    return int(script(keys=keys, args=[member, "" if own else "due"], client=client))
 
 
 class QoS(kombu_redis.QoS):
@@ -265,6 +274,27 @@ class QoS(kombu_redis.QoS):
                 pipe.hset(self.unacked_key, delivery_tag, raw)
                 self._remove_from_indices(recorded, pipe).execute()
         virtual.QoS.append(self, message, delivery_tag)
+
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
+        """kombu's restore; a record it cannot read back is set aside in `UNRESTORABLE`
+        (kombu's restore raises on it at every sweep, and stops the sweep)."""
+        try:
+            super().restore_by_tag(tag, client, leftmost)
+        except (ValueError, TypeError, RecursionError) as exc:
+            with self.channel.conn_or_acquire(client) as conn:
+                record = conn.hget(self.unacked_key, tag)
+                with conn.pipeline() as pipe:
+                    if record is not None:
+                        pipe.hset(UNRESTORABLE, tag, record)
+                    self._remove_from_indices(tag, pipe).execute()
+            log.error(
+                "the unacked message %s cannot be read back (%s: %s); it is kept in "
+                "the Redis hash %s",
+                tag,
+                type(exc).__name__,
+                exc,
+                UNRESTORABLE,
+            )
 
 
 RAISED = ("WRONGTYPE", "OOM", "READONLY", "MISCONF", "BUSY", "LOADING", "NOREPLICAS")

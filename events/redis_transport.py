@@ -336,11 +336,10 @@ class Channel(kombu_redis.Channel):
         now = time.monotonic()
         if now - self._beats.get(queue, -1e9) < float(self.reader_beat):
             return True
-        stale = 3 * float(self.reader_beat)
         client = self._create_client()
         try:
-            for member in beat(self, client, [self._member(queue)], stale):
-                moved = rescue(self, client, member, stale)
+            for member in beat(self, client, [self._member(queue)], 3 * float(self.reader_beat)):
+                moved = rescue(self, client, member)
                 if moved > 0:
                     log.warning(
                         "put %d message%s back on queue %s: a reader that stopped "
@@ -362,7 +361,7 @@ class Channel(kombu_redis.Channel):
         """Put this channel's reading list of `queue` back on the queue and leave the
         registry (the next wait registers again)."""
         self._beats.pop(queue, None)
-        rescue(self, client, self._member(queue), None)
+        rescue(self, client, self._member(queue), own=True)
 
     def close(self) -> None:
         if not self._in_poll and not self.closed and self._beats:
@@ -373,6 +372,22 @@ class Channel(kombu_redis.Channel):
                 for queue in list(self._beats):
                     self._give_back(client, queue)
         super().close()
+
+    def _do_restore_message(
+        self, payload: Any, exchange: Any, routing_key: Any, pipe: Any, leftmost: bool = False
+    ) -> None:
+        """kombu's restore of one message. Headers or a delivery_info that are no object
+        (`null`, a list) are restored as empty objects: kombu, marking the message
+        redelivered in them, would fail and drop it."""
+        if isinstance(payload, dict):
+            if not isinstance(payload.get("headers", {}), dict):
+                payload["headers"] = {}
+            properties = payload.get("properties")
+            if isinstance(properties, dict) and not isinstance(
+                properties.get("delivery_info", {}), dict
+            ):
+                properties["delivery_info"] = {}
+        super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
 
     def _pop(self, client: Any, queue: str) -> dict[str, Any] | None:
         """The oldest message of `queue`, popped and recorded with `POP` (see
@@ -464,7 +479,7 @@ def envelope(item: bytes | str, queue: str, channel: Any) -> dict[str, Any]:
 def _envelope(raw: bytes, queue: str, channel: Any) -> dict[str, Any]:
     try:
         payload = loads(bytes_to_str(raw))
-    except ValueError as exc:  # not UTF-8, or not JSON
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
         return _made(raw, queue, f"the queue item is not JSON: {exc}")
     if isinstance(payload, dict) and "properties" not in payload and "body" not in payload:
         return _made(raw, queue, None)  # a bare JSON message, as another client may push
@@ -487,7 +502,7 @@ def _unsound(payload: Any, channel: Any) -> str | None:
     tag = properties.get("delivery_tag") if isinstance(properties, dict) else None
     if not isinstance(properties, dict) or isinstance(tag, bool) or not isinstance(tag, str | int):
         return "the kombu message has no properties with a delivery_tag"
-    if not isinstance(payload.get("headers") or {}, dict):
+    if not isinstance(payload.get("headers", {}), dict):
         return "the kombu message's headers are not an object"
     if not isinstance(properties.get("delivery_info") or {}, dict):
         return "the kombu message's delivery_info is not an object"

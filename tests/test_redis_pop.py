@@ -26,7 +26,16 @@ from kombu.entity import Exchange, Queue
 from kombu.message import Message
 from kombu.transport import redis as kombu_redis
 
-from events.redis_pop import QUEUE_ITEM, READERS, WRAP_LIMIT, reading_key, refused, rescue
+from events.redis_pop import (
+    QUEUE_ITEM,
+    READERS,
+    UNRESTORABLE,
+    WRAP_LIMIT,
+    beat,
+    reading_key,
+    refused,
+    rescue,
+)
 from events.redis_transport import UNREADABLE, Transport, envelope
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,9 +49,10 @@ import events.redis_transport as transport
 def die(*args, **kwargs):  # the first step after the reply has reached the client
     os._exit(9)
 
-url, name, mode, where = sys.argv[1:]
+url, name, mode, where, beat = sys.argv[1:]
 setattr(transport, where, die)
-with Connection(url, transport=transport.Transport) as conn:
+options = {"reader_beat": float(beat)}
+with Connection(url, transport=transport.Transport, transport_options=options) as conn:
     queue = Queue(name).bind(conn.default_channel)
     if mode == "get":
         queue.get(no_ack=False)
@@ -512,10 +522,10 @@ def _members(client: redis.Redis) -> list[str]:
     return [m.decode() for m in members]
 
 
-def _died(redis_url: str, name: str, mode: str, where: str) -> None:
+def _died(redis_url: str, name: str, mode: str, where: str, beat: float = 10.0) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     died = subprocess.run(
-        [sys.executable, "-c", DIES_ON_RECEIPT, redis_url, name, mode, where],
+        [sys.executable, "-c", DIES_ON_RECEIPT, redis_url, name, mode, where, str(beat)],
         cwd=ROOT,
         env=env,
         timeout=60,
@@ -530,21 +540,21 @@ def test_a_consumer_dying_between_the_wait_and_the_pop_gets_its_message_put_back
     redis_url: str, raw: redis.Redis, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A consumer killed after the wait moved the message to its reading list, before the
-    script took it from there, leaves it on that list, registered. Once the registration
-    is three beats old, the next consumer's wait puts it back on its queue, with a
+    script took it from there, leaves it on that list, registered. Once three of the dead
+    consumer's beats have passed, the next consumer's wait puts it back on its queue, with a
     warning, and reads it."""
     raw.delete(READERS)
     with Connection(redis_url, transport=Transport) as conn:
         Queue(name).bind(conn.default_channel).declare()
         conn.Producer().publish({"n": 1}, routing_key=name)
-    _died(redis_url, name, "consume", "pop")
+    _died(redis_url, name, "consume", "pop", beat=0.2)  # alive for 0.6 s
     [member] = _members(raw)
     assert member.endswith(name) and raw.llen(name) == 0
     assert raw.llen(reading_key(member)) == 1, "the wait moved the message to the reader"
     assert raw.hlen("unacked") == 0
 
     caplog.set_level(logging.WARNING, logger="interlock.transport")
-    options = {"reader_beat": 0.2}  # a registration three beats old is 0.6 s old
+    options = {"reader_beat": 0.2}
     with Connection(redis_url, transport=Transport, transport_options=options) as conn:
         queue = Queue(name).bind(conn.default_channel)
         time.sleep(0.7)
@@ -558,26 +568,99 @@ def test_a_consumer_dying_between_the_wait_and_the_pop_gets_its_message_put_back
     assert raw.hlen("unacked") == 0 and raw.llen(name) == 0
 
 
-def test_a_reading_list_is_put_back_only_once_its_registration_is_stale(
+def test_a_reading_list_is_put_back_only_once_its_readers_time_is_up(
     redis_url: str, raw: redis.Redis, name: str
 ) -> None:
-    """`RESCUE` leaves a reading list registered less than the given seconds ago; an
-    older one goes back to the end of its queue that is read next, in its order."""
+    """Each reader registers itself as alive for three of its own beats: a reader with a
+    short beat leaves alone the reading list of one with a long beat. `RESCUE` leaves a
+    reading list whose time is not up; one whose time is up goes back to the end of its
+    queue that is read next, in its order."""
+    raw.delete(READERS)
     member = "f" * 32 + name
-    raw.zadd(READERS, {member: time.time()})
-    raw.lpush(reading_key(member), b"older", b"newer")  # the reader takes the right end
-    raw.lpush(name, b"queued")
-    with Connection(redis_url, transport=Transport) as conn:
+    options = {"reader_beat": 0.05}
+    with Connection(redis_url, transport=Transport, transport_options=options) as conn:
         channel = conn.default_channel
         client = channel._create_client()
-        assert rescue(channel, client, member, 60.0) == -1
+        assert beat(channel, client, [member], 30.0) == []  # a reader with a 10 s beat
+        raw.lpush(reading_key(member), b"older", b"newer")  # the reader takes the right end
+        raw.lpush(name, b"queued")
+        time.sleep(0.2)
+        assert beat(channel, client, ["e" * 32 + name], 0.15) == [], "its time is not up"
+        assert rescue(channel, client, member) == -1
         assert raw.llen(reading_key(member)) == 2 and raw.llen(name) == 1
-        assert rescue(channel, client, "e" * 32 + name, 0.0) == -1, "no such member"
-        time.sleep(0.05)
-        assert rescue(channel, client, member, 0.01) == 2
+        assert rescue(channel, client, "d" * 32 + name) == -1, "no such member"
+        raw.zadd(READERS, {member: time.time() - 1})  # its time is up
+        assert beat(channel, client, [], 0.15) == [member]
+        assert rescue(channel, client, member) == 2
     assert raw.lrange(name, 0, -1) == [b"queued", b"newer", b"older"]  # RPOP: older first
     assert raw.zscore(READERS, member) is None and not raw.exists(reading_key(member))
-    raw.delete(name)
+    raw.delete(name, READERS)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        b'{"body": "e30=", "n": 1., "properties": {"delivery_tag": "dot", '
+        b'"delivery_info": {"exchange": "", "routing_key": "q"}}}',  # cjson takes `1.`
+        b"[" * 5000 + b"]" * 5000,  # nested deeper than Python's reader goes
+    ],
+    ids=["lenient-number", "deep"],
+)
+def test_an_unacked_record_kombu_cannot_read_back_is_set_aside(
+    redis_url: str, raw: redis.Redis, name: str, item: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record kombu's restore cannot read (here: one a dead reader left of an item that
+    Redis' JSON reader takes and Python's does not) would make every sweep raise, and stop
+    the restores after it. It is set aside, kept byte for byte, with an error in the log,
+    and the sweep goes on to restore the records after it."""
+    raw.delete(UNRESTORABLE)
+    bad = b"[" + item + b', "", "' + name.encode() + b'"]'
+    raw.hset("unacked", "bad", bad)
+    raw.zadd("unacked_index", {"bad": 1.0})
+    caplog.set_level(logging.ERROR, logger="interlock.transport")
+    options = {"visibility_timeout": 0, "unacked_restore_throttle": 1}
+    with Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        queue.declare()
+        conn.Producer().publish({"n": 1}, routing_key=name)
+        [first] = _consume(conn, queue, 1)
+        first.requeue()
+        conn.default_channel.qos.restore_visible()
+        assert raw.hget(UNRESTORABLE, "bad") == bad
+        [again] = _consume(conn, queue, 1)
+        assert again.payload == {"n": 1}
+        again.ack()
+        queue.delete()
+    assert raw.hlen("unacked") == 0 and raw.zcard("unacked_index") == 0
+    assert any("cannot be read back" in r.getMessage() for r in caplog.records)
+    raw.delete(UNRESTORABLE)
+
+
+@pytest.mark.parametrize("headers", [b"[]", b"null"])
+def test_a_message_whose_headers_are_no_object_is_restored_not_dropped(
+    redis_url: str, raw: redis.Redis, name: str, headers: bytes
+) -> None:
+    """kombu marks a restored message redelivered in its headers: headers that are no
+    object made it fail and drop the message. Such a message is restored with empty
+    headers, and read as a kombu message, not taken apart."""
+    body = base64.b64encode(b'{"n": 1}')
+    item = (
+        b'{"body": "' + body + b'", "content-type": "application/json", '
+        b'"content-encoding": "utf-8", "headers": ' + headers + b', "properties": '
+        b'{"delivery_tag": "h1", "body_encoding": "base64", '
+        b'"delivery_info": {"exchange": "", "routing_key": "' + name.encode() + b'"}}}'
+    )
+    raw.hset("unacked", "h1", b"[" + item + b', "", "' + name.encode() + b'"]')
+    raw.zadd("unacked_index", {"h1": 1.0})
+    options = {"visibility_timeout": 0, "unacked_restore_throttle": 1}
+    with Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        conn.default_channel.qos.restore_visible()
+        assert raw.llen(name) == 1, "restored"
+        [message] = _consume(conn, queue, 1)
+        assert message.payload == {"n": 1} and message.headers == {"redelivered": True}
+        message.ack()
+    assert raw.hlen("unacked") == 0
 
 
 @pytest.mark.parametrize("how", ["cancel", "close"])
@@ -612,3 +695,29 @@ def test_a_wait_answered_after_its_queue_is_no_longer_read_puts_the_message_back
     assert raw.lrange(name, 0, -1) == [json.dumps({"n": 1}).encode()]
     assert raw.zcard(READERS) == 0 and raw.hlen("unacked") == 0
     raw.delete(name)
+
+
+@pytest.mark.parametrize(
+    ("item", "wrong"),
+    [
+        (b"[" * 5000 + b"]" * 5000, "the queue item is not JSON"),
+        (
+            b'{"body": "e30=", "headers": [], "properties": {"delivery_tag": "t"}}',
+            "the kombu message's headers are not an object",
+        ),
+        (
+            b'{"body": "e30=", "headers": null, "properties": {"delivery_tag": "t"}}',
+            "the kombu message's headers are not an object",
+        ),
+    ],
+    ids=["deep", "list-headers", "null-headers"],
+)
+def test_an_item_nested_too_deep_or_with_headers_that_are_no_object_is_unreadable(
+    redis_url: str, item: bytes, wrong: str
+) -> None:
+    """Delivered as its exact bytes with what is wrong, for the consumer to refuse and
+    keep, where reading it raised out of the consumer's loop."""
+    with Connection(redis_url, transport=Transport) as conn:
+        message = envelope(item, "q", conn.default_channel)
+    assert base64.b64decode(message["body"]) == item
+    assert message["headers"][UNREADABLE].startswith(wrong)
