@@ -53,7 +53,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
-from .redis_pop import QUEUE_ITEM, QoS, beat, pop, reading_key, refused, rescue
+from .redis_pop import QUEUE_ITEM, READERS, QoS, beat, pop, reading_key, refused, rescue
 
 __all__ = ["UNREADABLE", "Channel", "Transport", "envelope", "transport_for"]
 
@@ -62,6 +62,9 @@ UNREADABLE = "x-interlock-unreadable"
 wrong with it. The message's body is the item's bytes, exactly."""
 
 TRANSPORT = "events.redis_transport:Transport"
+
+MIN_BEAT = 0.05
+"""The shortest `reader_beat` taken, in seconds (0 would make every wait endless)."""
 
 log = logging.getLogger("interlock.transport")
 
@@ -259,7 +262,7 @@ class Channel(kombu_redis.Channel):
         elif not self._tend(queue):
             return self._brpop_start(timeout)  # the broker refused the registry: kombu's
         else:
-            prefix, beat_s = self.global_keyprefix or "", float(self.reader_beat)
+            prefix, beat_s = self.global_keyprefix or "", self._beat()
             key = prefix + self._q_for_pri(queue, 0)
             reading = prefix + reading_key(self._member(queue))
             wait = min(float(timeout), beat_s) if timeout else beat_s  # registered meanwhile
@@ -325,6 +328,9 @@ class Channel(kombu_redis.Channel):
         if flush is not None:
             flush()
 
+    def _beat(self) -> float:
+        return max(MIN_BEAT, float(self.reader_beat))
+
     def _member(self, queue: str) -> str:
         """The registry member of this channel's reading list for `queue`."""
         return self._tag + queue
@@ -334,11 +340,11 @@ class Channel(kombu_redis.Channel):
         back the reading lists that readers left unregistered for three beats. False
         where the broker refused the scripts (kombu's reads take over)."""
         now = time.monotonic()
-        if now - self._beats.get(queue, -1e9) < float(self.reader_beat):
+        if now - self._beats.get(queue, -1e9) < self._beat():
             return True
         client = self._create_client()
         try:
-            for member in beat(self, client, [self._member(queue)], 3 * float(self.reader_beat)):
+            for member in beat(self, client, [self._member(queue)], 3 * self._beat()):
                 moved = rescue(self, client, member)
                 if moved > 0:
                     log.warning(
@@ -364,12 +370,14 @@ class Channel(kombu_redis.Channel):
         rescue(self, client, self._member(queue), own=True)
 
     def close(self) -> None:
-        if not self._in_poll and not self.closed and self._beats:
-            # No wait in flight: put back what a wait whose reply was lost (a connection
-            # error) may have left on a reading list, and leave the registry.
+        if not self.closed and self._beats:
+            # Put back what a wait whose reply was lost (a connection error) may have left
+            # on a reading list, and leave the registry; a wait in flight gives its own
+            # queue's back when kombu's close reads its reply (`_wait_read`).
+            waiting = self._waited if self._in_poll and self._sent == "BLMOVE" else None
             with contextlib.suppress(*self.connection_errors, redis.exceptions.ResponseError):
                 client = self._create_client()
-                for queue in list(self._beats):
+                for queue in [q for q in self._beats if q != waiting]:
                     self._give_back(client, queue)
         super().close()
 
@@ -412,6 +420,11 @@ class Channel(kombu_redis.Channel):
 
     def _refuse(self, command: str, exc: Exception) -> None:
         self._atomic = False
+        if self._beats:  # leave the registry (`RESCUE` may be refused as well)
+            members = [self._member(queue) for queue in self._beats]
+            self._beats.clear()
+            with contextlib.suppress(*self.connection_errors, redis.exceptions.ResponseError):
+                self._create_client().zrem(READERS, *members)
         log.warning(
             "Redis refused %s (%s); reading queues with kombu's BRPOP, which can lose a "
             "message popped by a consumer that dies before recording it",

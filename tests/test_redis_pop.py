@@ -338,7 +338,11 @@ def limited_user(raw: redis.Redis, redis_url: str, request: pytest.FixtureReques
 
 @pytest.mark.parametrize(
     ("limited_user", "refused"),
-    [(["-blmove"], "BLMOVE"), (["-evalsha", "-eval"], "the queue read script")],
+    [
+        (["-blmove"], "BLMOVE"),
+        (["-blmove", "-lmove"], "BLMOVE"),  # Redis before 6.2
+        (["-evalsha", "-eval"], "the queue read script"),
+    ],
     indirect=["limited_user"],
 )
 def test_a_broker_refusing_the_wait_or_the_script_gets_kombus_read(
@@ -351,6 +355,7 @@ def test_a_broker_refusing_the_wait_or_the_script_gets_kombus_read(
     """A server without `BLMOVE` (before Redis 6.2) or refusing scripts still delivers
     every message, through kombu's `BRPOP`, with one warning saying what is at stake."""
     caplog.set_level(logging.WARNING, logger="interlock.transport")
+    raw.delete(READERS)
     with Connection(limited_user, transport=Transport) as conn:
         queue = Queue(name).bind(conn.default_channel)
         queue.declare()
@@ -367,6 +372,7 @@ def test_a_broker_refusing_the_wait_or_the_script_gets_kombus_read(
     warnings = [r.getMessage() for r in caplog.records if "reading queues with" in r.getMessage()]
     assert len(warnings) == 1 and f"Redis refused {refused}" in warnings[0]
     assert raw.hlen("unacked") == 0
+    assert raw.zcard(READERS) == 0, "a channel reading kombu's way leaves the registry"
 
 
 def test_a_message_only_marked_as_a_queue_items_record_is_read_as_it_is(redis_url: str) -> None:
@@ -476,8 +482,7 @@ def test_one_message_wakes_one_of_the_consumers_waiting_on_its_queue(
     ready = threading.Barrier(readers + 1)
 
     def read(n: int) -> None:
-        options = {"brpop_timeout": 30}
-        with Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        with Connection(redis_url, transport=Transport) as conn:
             queue = Queue(name).bind(conn.default_channel)
 
             def on_message(body: Any, message: Message) -> None:
@@ -721,3 +726,30 @@ def test_an_item_nested_too_deep_or_with_headers_that_are_no_object_is_unreadabl
         message = envelope(item, "q", conn.default_channel)
     assert base64.b64decode(message["body"]) == item
     assert message["headers"][UNREADABLE].startswith(wrong)
+
+
+def test_a_channel_closing_leaves_the_registry_for_every_queue_it_waited_on(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    """A channel that read one queue, then waits on another when it closes, gives both
+    reading lists back and leaves no member in the registry."""
+    raw.delete(READERS)
+    first, second = f"{name}.1", f"{name}.2"
+    with Connection(redis_url, transport=Transport) as conn:
+        channel = conn.channel()
+        for queue in (first, second):
+            Queue(queue).bind(channel).declare()
+        conn.Producer(channel).publish({"n": 1}, routing_key=first)
+        got: list[Any] = []
+        channel.basic_consume(first, False, got.append, consumer_tag="a")
+        while not got:
+            with contextlib.suppress(TimeoutError):
+                conn.drain_events(timeout=1)
+        got[0].ack()
+        channel.basic_cancel("a")
+        channel.basic_consume(second, False, got.append, consumer_tag="b")
+        conn.transport.cycle._register_BRPOP(channel)  # a wait on the second queue
+        assert len(_members(raw)) == 2
+        channel.close()
+    assert raw.zcard(READERS) == 0
+    raw.delete(first, second)
