@@ -146,7 +146,7 @@ class Channel(kombu_redis.Channel):
     )
     reader_beat = 10.0
     """Seconds between a reader's registrations of its reading list while it waits (and
-    the longest wait); a reading list left three beats unregistered is put back."""
+    the longest wait); a reader counts as alive for three beats after it registers."""
     _shared_client: tuple[Any, Any] | None = None  # (the pool it uses, the client)
     _route: Any = None  # the registered `ROUTE` script; False once the broker refused it
     _atomic = True  # reads with `POP`; False once the broker refused it or `BLMOVE`
@@ -337,8 +337,8 @@ class Channel(kombu_redis.Channel):
 
     def _tend(self, queue: str) -> bool:
         """Before a wait on `queue`: register its reading list when a beat is due, and put
-        back the reading lists that readers left unregistered for three beats. False
-        where the broker refused the scripts (kombu's reads take over)."""
+        back the reading lists of readers whose time is up. False where the broker
+        refused the scripts (kombu's reads take over)."""
         now = time.monotonic()
         if now - self._beats.get(queue, -1e9) < self._beat():
             return True
@@ -420,11 +420,20 @@ class Channel(kombu_redis.Channel):
 
     def _refuse(self, command: str, exc: Exception) -> None:
         self._atomic = False
-        if self._beats:  # leave the registry (`RESCUE` may be refused as well)
-            members = [self._member(queue) for queue in self._beats]
-            self._beats.clear()
-            with contextlib.suppress(*self.connection_errors, redis.exceptions.ResponseError):
-                self._create_client().zrem(READERS, *members)
+        queues, prefix = list(self._beats), self.global_keyprefix or ""
+        self._beats.clear()
+        for queue in queues:  # leave the registry, without the scripts (may be refused)
+            member = self._member(queue)
+            reading = reading_key(member)
+            errors = (*self.connection_errors, redis.exceptions.ResponseError)
+            with contextlib.suppress(*errors):
+                client = self._create_client()  # prefixes LLEN's and ZREM's key itself
+                back = [prefix + reading, prefix + self._q_for_pri(queue, 0), "LEFT", "RIGHT"]
+                with contextlib.suppress(redis.exceptions.ResponseError):  # no LMOVE: 6.0
+                    while client.execute_command("LMOVE", *back):
+                        pass
+                if not client.llen(reading):  # else another reader puts it back later
+                    client.zrem(READERS, member)
         log.warning(
             "Redis refused %s (%s); reading queues with kombu's BRPOP, which can lose a "
             "message popped by a consumer that dies before recording it",

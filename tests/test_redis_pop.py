@@ -753,3 +753,38 @@ def test_a_channel_closing_leaves_the_registry_for_every_queue_it_waited_on(
         channel.close()
     assert raw.zcard(READERS) == 0
     raw.delete(first, second)
+
+
+def test_a_read_script_refused_after_the_wait_puts_the_message_back(
+    redis_url: str, raw: redis.Redis, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Scripts refused between the wait and the read (an ACL changed meanwhile): the
+    message the wait moved goes back to its queue, and the channel, now reading kombu's
+    way, leaves the registry."""
+    raw.delete(READERS)
+    user = f"turncoat{uuid.uuid4().hex[:8]}"
+    raw.acl_setuser(user, enabled=True, nopass=True, keys=["*"], channels=["*"], commands=["+@all"])
+    caplog.set_level(logging.WARNING, logger="interlock.transport")
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}@", 1)
+        with Connection(url, transport=Transport) as conn:
+            channel = conn.channel()
+            Queue(name).bind(channel).declare()
+            channel.basic_consume(name, False, lambda m: None, consumer_tag="c")
+            conn.transport.cycle._register_BRPOP(channel)
+            raw.lpush(name, json.dumps({"n": 1}))
+            deadline = time.monotonic() + 5
+            while raw.llen(name) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            [member] = _members(raw)
+            assert raw.llen(reading_key(member)) == 1
+            raw.acl_setuser(user, commands=["-evalsha", "-eval"])
+            with pytest.raises(Empty):
+                channel._brpop_read()
+            assert raw.lrange(name, 0, -1) == [json.dumps({"n": 1}).encode()]
+            assert raw.zcard(READERS) == 0 and not raw.exists(reading_key(member))
+            channel.close()
+    finally:
+        raw.acl_deluser(user)
+    assert any("Redis refused the queue read script" in r.getMessage() for r in caplog.records)
+    raw.delete(name)
