@@ -38,6 +38,7 @@ record restored before then is read as the item itself again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -62,7 +63,9 @@ __all__ = [
     "WRAP_LIMIT",
     "QoS",
     "beat",
+    "give_back",
     "pop",
+    "queue_of",
     "reading_key",
     "refused",
     "rescue",
@@ -170,15 +173,13 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now, 'LIMIT', 0, tonu
 from Redis' time; return up to ARGV[2] members whose time is up."""
 
 RESCUE = r"""
-if ARGV[2] ~= '' then
-  local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-  if not score then
-    return -1
-  end
-  local t = redis.call('TIME')
-  if tonumber(score) >= tonumber(t[1]) + tonumber(t[2]) / 1000000 then
-    return -1
-  end
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score then
+  return -1
+end
+local t = redis.call('TIME')
+if tonumber(score) >= tonumber(t[1]) + tonumber(t[2]) / 1000000 then
+  return -1
 end
 local moved = 0
 while redis.call('LMOVE', KEYS[2], KEYS[3], 'LEFT', 'RIGHT') do
@@ -187,10 +188,10 @@ end
 redis.call('ZREM', KEYS[1], ARGV[1])
 return moved
 """
-"""Put the items of the reading list KEYS[2] back at the end of the queue KEYS[3] that is
-read next, in their order, and drop the member ARGV[1] from the registry KEYS[1]: only
-where its time is up (when ARGV[2] is not empty; -1 where it is not, or where the
-member is gone). Returns how many items moved."""
+"""Where the time of the member ARGV[1] in the registry KEYS[1] is up: put the items of
+its reading list KEYS[2] back at the end of the queue KEYS[3] that is read next, in
+their order, and drop the member. Returns how many items moved; -1 where its time is
+not up, or where the member is gone."""
 
 
 WRAP_LIMIT = 32 * 1024
@@ -242,15 +243,35 @@ def beat(channel: Any, client: Any, members: list[str], alive: float, limit: int
     return [m for m in found if m not in members]
 
 
-def rescue(channel: Any, client: Any, member: str, own: bool = False) -> int:
-    """Put `member`'s reading list back on its queue and drop it from the registry
-    (`RESCUE`): only if its time is up, unless `own` (a reader giving its own back); -1
-    where it was not. Returns the items moved."""
-    script = _script(channel, client, "rescue", RESCUE)
+def queue_of(member: str) -> str:
+    """The queue of a registry member (after the reader's 32-character tag)."""
+    return member[32:]
+
+
+def _keys(channel: Any, member: str) -> tuple[str, str]:
+    """The keys, prefixed, of `member`'s reading list and of its queue's list."""
     prefix = channel.global_keyprefix or ""
-    queue = member[32:]
-    keys = [READERS, prefix + reading_key(member), prefix + channel._q_for_pri(queue, 0)]
-    return int(script(keys=keys, args=[member, "" if own else "due"], client=client))
+    return prefix + reading_key(member), prefix + channel._q_for_pri(queue_of(member), 0)
+
+
+def rescue(channel: Any, client: Any, member: str) -> int:
+    """Put `member`'s reading list back on its queue and drop it from the registry
+    (`RESCUE`), only if its time is up; -1 where it is not. Returns the items moved."""
+    script = _script(channel, client, "rescue", RESCUE)
+    return int(script(keys=[READERS, *_keys(channel, member)], args=[member], client=client))
+
+
+def give_back(channel: Any, client: Any, member: str) -> None:
+    """A reader's own `member`: put its reading list back on its queue, and drop it from
+    the registry once the list is empty. Plain commands, so that it works where the
+    broker refuses scripts; the reader is not waiting, so nothing moves in meanwhile.
+    A client that prefixes keys prefixes those of LLEN and ZREM, not LMOVE's."""
+    reading, queue = _keys(channel, member)
+    with contextlib.suppress(redis.exceptions.ResponseError):  # no LMOVE: Redis 6.0
+        while client.execute_command("LMOVE", reading, queue, "LEFT", "RIGHT"):
+            pass
+    if not client.llen(reading_key(member)):  # else another reader puts it back later
+        client.zrem(READERS, member)
 
 
 class QoS(kombu_redis.QoS):

@@ -53,7 +53,17 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
-from .redis_pop import QUEUE_ITEM, READERS, QoS, beat, pop, reading_key, refused, rescue
+from .redis_pop import (
+    QUEUE_ITEM,
+    QoS,
+    beat,
+    give_back,
+    pop,
+    queue_of,
+    reading_key,
+    refused,
+    rescue,
+)
 
 __all__ = ["UNREADABLE", "Channel", "Transport", "envelope", "transport_for"]
 
@@ -352,7 +362,7 @@ class Channel(kombu_redis.Channel):
                         "responding had taken %s",
                         moved,
                         "" if moved == 1 else "s",
-                        member[32:],
+                        queue_of(member),
                         "it" if moved == 1 else "them",
                     )
         except redis.exceptions.ResponseError as exc:
@@ -367,7 +377,7 @@ class Channel(kombu_redis.Channel):
         """Put this channel's reading list of `queue` back on the queue and leave the
         registry (the next wait registers again)."""
         self._beats.pop(queue, None)
-        rescue(self, client, self._member(queue), own=True)
+        give_back(self, client, self._member(queue))
 
     def close(self) -> None:
         if not self.closed and self._beats:
@@ -420,20 +430,9 @@ class Channel(kombu_redis.Channel):
 
     def _refuse(self, command: str, exc: Exception) -> None:
         self._atomic = False
-        queues, prefix = list(self._beats), self.global_keyprefix or ""
-        self._beats.clear()
-        for queue in queues:  # leave the registry, without the scripts (may be refused)
-            member = self._member(queue)
-            reading = reading_key(member)
-            errors = (*self.connection_errors, redis.exceptions.ResponseError)
-            with contextlib.suppress(*errors):
-                client = self._create_client()  # prefixes LLEN's and ZREM's key itself
-                back = [prefix + reading, prefix + self._q_for_pri(queue, 0), "LEFT", "RIGHT"]
-                with contextlib.suppress(redis.exceptions.ResponseError):  # no LMOVE: 6.0
-                    while client.execute_command("LMOVE", *back):
-                        pass
-                if not client.llen(reading):  # else another reader puts it back later
-                    client.zrem(READERS, member)
+        for queue in list(self._beats):  # leave the registry (scripts may be refused)
+            with contextlib.suppress(*self.connection_errors, redis.exceptions.ResponseError):
+                self._give_back(self._create_client(), queue)
         log.warning(
             "Redis refused %s (%s); reading queues with kombu's BRPOP, which can lose a "
             "message popped by a consumer that dies before recording it",
