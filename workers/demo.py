@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -16,7 +18,7 @@ from interlock import AgentOutput, Part, Status, StatusError, ToolResume
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["ask_human", "run_in_process", "show_interrupt"]
+__all__ = ["ask_human", "confirm", "read_answer", "run_in_process", "show_interrupt"]
 
 Decide = Callable[[Part], bool]
 
@@ -40,9 +42,47 @@ def ask_human(approve: bool | None) -> Decide:
                 raise click.UsageError(f"answer y or n on standard input, not {line!r}")
             click.echo("  (no terminal to ask: approving; pass --deny to decline)")
             return True
-        return click.confirm("  Approve this transfer?", default=False)
+        return confirm("  Approve this transfer?")
 
     return decide
+
+
+def confirm(question: str) -> bool:
+    """Ask `question [y/N]` on the terminal; "y" or "yes" approves, "n", "no" or an
+    empty line declines, anything else asks again. End of input is click's `Abort`,
+    and Ctrl-C a `KeyboardInterrupt`, whenever it comes (see `read_answer`)."""
+    while True:
+        click.echo(f"{question} [y/N]: ", nl=False)
+        line = read_answer()
+        if not line:
+            raise click.Abort
+        value = line.strip().lower()
+        if value in ("y", "yes", "n", "no", ""):
+            return value.startswith("y")
+        click.echo("Error: invalid input")
+
+
+def read_answer() -> str:
+    """One line of standard input ("" at its end). `input()` can miss a Ctrl-C that
+    lands after its prompt is written and before its read starts, and then waits for a
+    line that never comes; here the signal's wake-up byte ends the wait whenever the
+    signal arrives, and Python's handler raises `KeyboardInterrupt` (main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return sys.stdin.readline()  # signals are only handled on the main thread
+    sys.stdout.flush()
+    woken, wake = os.pipe()
+    os.set_blocking(wake, False)
+    previous = signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
+    try:
+        while True:
+            ready = select.select([sys.stdin, woken], [], [])[0]
+            if sys.stdin in ready:
+                return sys.stdin.readline()
+            os.read(woken, 512)  # another signal, handled by now: keep waiting
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(woken)
+        os.close(wake)
 
 
 def show_interrupt(part: Part) -> None:
