@@ -59,10 +59,10 @@ def check_resumable(
     left to refuse it (nothing is pending: INVALID_ARGUMENT, rule 1)."""
     sid = snapshot.snapshot_id
     if snapshot.status != SnapshotStatus.COMPLETED:
+        status = getattr(snapshot.status, "value", snapshot.status)  # a store's own type
         raise ResumeValidationError(
             Status.FAILED_PRECONDITION,
-            f"snapshot {sid} is {snapshot.status.value} and cannot be resumed; "
-            "it is kept for inspection",
+            f"snapshot {sid} is {status} and cannot be resumed; it is kept for inspection",
         )
     if interrupted and snapshot.finish_reason != FinishReason.INTERRUPTED:
         raise ResumeValidationError(

@@ -547,12 +547,16 @@ def test_same_ref_in_both_lists_the_restart_is_not_even_checked() -> None:
     "status",
     [SnapshotStatus.PENDING, SnapshotStatus.FAILED, SnapshotStatus.ABORTED, SnapshotStatus.EXPIRED],
 )
-def test_only_completed_snapshots_resume(status: SnapshotStatus) -> None:
+@pytest.mark.parametrize("as_text", [False, True], ids=["enum", "text"])
+def test_only_completed_snapshots_resume(status: SnapshotStatus, as_text: bool) -> None:
+    """Also with the status given as its text: `model_copy(update=...)` does not
+    validate it, and the store's copy must still refuse the same way."""
     rig = Rig({"n": 1})
     out = rig.paused()
     snap = rig.store.get_snapshot(out.snapshot_id or "")
     assert snap is not None
-    rig.store.save_snapshot(snap.model_copy(update={"snapshot_id": "by-hand", "status": status}))
+    given = status.value if as_text else status
+    rig.store.save_snapshot(snap.model_copy(update={"snapshot_id": "by-hand", "status": given}))
     rejects(
         Status.FAILED_PRECONDITION,
         f"snapshot by-hand is {status.value} and cannot be resumed",

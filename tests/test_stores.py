@@ -304,6 +304,20 @@ def test_release_only_by_the_holder(store: SessionStore) -> None:
     assert store.claim("s", "w1") is False
 
 
+def test_a_snapshot_built_without_validation_comes_back_valid(store: SessionStore) -> None:
+    """`model_copy(update=...)` skips pydantic's checks: a status given as a plain
+    string is read back as the enum, and one that is no status is refused."""
+    built = snap("u").model_copy(update={"status": "failed", "finish_reason": "stop"})
+    store.save_snapshot(built)
+    got = store.get_snapshot("u")
+    assert got is not None
+    assert (got.status, got.finish_reason) == (SnapshotStatus.FAILED, FinishReason.STOP)
+    assert type(got.status) is SnapshotStatus and type(got.finish_reason) is FinishReason
+    with pytest.raises(ValueError, match="bogus"):
+        store.save_snapshot(snap("v").model_copy(update={"status": "bogus"}))
+    assert store.get_snapshot("v") is None
+
+
 def test_resave_replaces(store: SessionStore) -> None:
     store.save_snapshot(snap("a", messages=[msg("1"), msg("2"), msg("3")]))
     store.save_snapshot(snap("b"))

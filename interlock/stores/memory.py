@@ -120,6 +120,11 @@ class InMemorySessionStore:
         return found[0] if found else None
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
+        if type(snapshot.status) is not SnapshotStatus or not (
+            snapshot.finish_reason is None or type(snapshot.finish_reason) is FinishReason
+        ):  # built without validation (`model_copy(update=...)`): checked as the SQL
+            # store's read checks it, so that what comes back is a valid snapshot
+            snapshot = Snapshot.model_validate(snapshot.model_dump(warnings=False))
         messages = snapshot.messages
         parent_id = snapshot.parent_id
         with self._lock:
