@@ -441,9 +441,19 @@ class Channel(kombu_redis.Channel):
         )
 
     def _poll_error(self, type: str, **options: Any) -> Any:
+        """An error event on the wait's socket: read the wait's reply (a broken
+        connection raises, and is dropped), and let the next poll start a new read. A
+        message the wait had moved stays on the reading list; the next read pops it
+        without waiting (kombu's own handler throws a `BRPOP` reply's message away)."""
         if type == "BRPOP" and self._sent in ("BLMOVE", "PING"):
             sent, self._sent = self._sent, None
-            return self.client.parse_response(self.client.connection, sent)
+            try:
+                reply = self._parse_reply(sent)
+            finally:
+                self._in_poll = None  # type: ignore[assignment]
+            if reply is not None:  # a moved message (BLMOVE), or messages to pop (PING)
+                self._pop_next = True
+            return reply
         return super()._poll_error(type, **options)
 
     def _kombu_brpop_read(self, **options: Any) -> Any:

@@ -527,6 +527,23 @@ def _members(client: redis.Redis) -> list[str]:
     return [m.decode() for m in members]
 
 
+def _waiting(conn: Connection, raw: redis.Redis, name: str, delivered: list[Any]) -> Any:
+    """A channel consuming `name` with acks whose wait, in flight, has moved a message
+    that was pushed meanwhile to its reading list; delivered messages go to `delivered`."""
+    channel = conn.channel()
+    queue = Queue(name).bind(channel)
+    queue.declare()
+    channel.basic_consume(name, False, delivered.append, consumer_tag="c")
+    conn.transport.cycle._register_BRPOP(channel)  # as the poller starts a wait
+    raw.lpush(name, json.dumps({"n": 1}))
+    deadline = time.monotonic() + 5
+    while raw.llen(name) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    [member] = _members(raw)
+    assert raw.llen(reading_key(member)) == 1, "the wait has moved the message"
+    return channel
+
+
 def _died(redis_url: str, name: str, mode: str, where: str, beat: float = 10.0) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     died = subprocess.run(
@@ -677,17 +694,7 @@ def test_a_wait_answered_after_its_queue_is_no_longer_read_puts_the_message_back
     raw.delete(READERS)
     delivered: list[Any] = []
     with Connection(redis_url, transport=Transport) as conn:
-        channel = conn.channel()
-        queue = Queue(name).bind(channel)
-        queue.declare()
-        channel.basic_consume(name, False, delivered.append, consumer_tag="c")
-        conn.transport.cycle._register_BRPOP(channel)  # as the poller starts a wait
-        raw.lpush(name, json.dumps({"n": 1}))
-        deadline = time.monotonic() + 5
-        while raw.llen(name) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        [member] = _members(raw)
-        assert raw.llen(reading_key(member)) == 1, "the wait has moved the message"
+        channel = _waiting(conn, raw, name, delivered)
         if how == "cancel":
             channel.basic_cancel("c")
             with pytest.raises(Empty):
@@ -787,4 +794,31 @@ def test_a_read_script_refused_after_the_wait_puts_the_message_back(
     finally:
         raw.acl_deluser(user)
     assert any("Redis refused the queue read script" in r.getMessage() for r in caplog.records)
+    raw.delete(name)
+
+
+def test_an_error_event_on_the_wait_keeps_its_message_for_the_next_read(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    """kombu's poller answers an error event on the socket with `_poll_error`, which
+    reads the wait's reply; the message the wait moved is delivered by the next read,
+    at once, and once (kombu's own handler drops a `BRPOP` reply's message)."""
+    raw.delete(READERS)
+    delivered: list[Any] = []
+    with Connection(redis_url, transport=Transport) as conn:
+        channel = _waiting(conn, raw, name, delivered)
+        [member] = _members(raw)
+        channel._poll_error("BRPOP")  # the socket's error event
+        assert delivered == [] and raw.llen(reading_key(member)) == 1
+        assert not channel._in_poll, "no read in flight: the next poll may send one"
+        started = time.monotonic()
+        conn.transport.cycle._register_BRPOP(channel)  # the next poll: a new read is sent
+        assert channel._brpop_read() is True
+        assert time.monotonic() - started < 0.5, "popped without waiting for the queue"
+        [message] = delivered
+        assert json.loads(message.body) == {"n": 1}
+        message.ack()
+        assert raw.llen(reading_key(member)) == 0 and raw.hlen("unacked") == 0
+        channel.close()
+    assert raw.llen(name) == 0 and raw.zcard(READERS) == 0
     raw.delete(name)
