@@ -13,6 +13,7 @@ from schemas import Message, Part, Status
 from ..errors import StatusError
 
 __all__ = [
+    "WRAPPED_INPUT",
     "check_history",
     "dump_input",
     "dump_output",
@@ -20,6 +21,8 @@ __all__ = [
     "object_schema",
     "parse_arguments",
     "parse_data_url",
+    "unwrap_input",
+    "wrapped_tools",
 ]
 
 log = logging.getLogger("interlock.models")
@@ -63,22 +66,65 @@ def check_history(messages: Sequence[Message], model: str) -> None:
                 )
 
 
+WRAPPED_INPUT = "input"
+"""The one field of the object a tool's input travels in when that input is not itself
+a JSON object (a string, a number, a list, a union): the APIs take object schemas
+only."""
+
+
 def object_schema(schema: dict[str, Any] | None) -> dict[str, Any]:
     """A tool's input schema as the APIs want it: an object schema. A tool without one
-    (input typed `Any`) takes any object."""
+    (input typed `Any`) takes any object; a tool whose input is not an object (say
+    `str`, or `Model | None`) takes an object whose one field `input` holds it, and
+    `unwrap_input` takes it out of the model's arguments again."""
     if not schema:
         return {"type": "object", "properties": {}}
-    return dict(schema)
+    if not _wraps(schema):
+        return dict(schema)
+    inner = dict(schema)
+    defs = inner.pop("$defs", None)  # `#/$defs/...` refs resolve from the top level
+    wrapped: dict[str, Any] = {
+        "type": "object",
+        "properties": {WRAPPED_INPUT: inner},
+        "required": [WRAPPED_INPUT],
+    }
+    if defs is not None:
+        wrapped["$defs"] = defs
+    return wrapped
 
 
-def parse_arguments(raw: str | None, *, tool: str, ref: str, model: str) -> Any:
+def _wraps(schema: dict[str, Any] | None) -> bool:
+    if not schema:
+        return False
+    return schema.get("type") != "object"
+
+
+def wrapped_tools(tools: Sequence[Any]) -> frozenset[str]:
+    """The names of the tools (`ToolDefinition`s) whose input `object_schema` wraps."""
+    return frozenset(t.name for t in tools if _wraps(t.input_schema))
+
+
+def unwrap_input(value: Any, name: str, wrapped: frozenset[str]) -> Any:
+    """A tool call's input as the tool takes it: out of its `input` field for a tool in
+    `wrapped`; anything else (another tool, or arguments without that field) as it is,
+    for the tool's validation to judge."""
+    if name in wrapped and isinstance(value, dict) and WRAPPED_INPUT in value:
+        return value[WRAPPED_INPUT]
+    return value
+
+
+def parse_arguments(raw: Any, *, tool: str, ref: str, model: str) -> Any:
     """A tool call's input from the model's JSON arguments.
 
     Malformed JSON does not fail the model call: the call is kept with the raw string as
     its input, so the history shows exactly what the model sent, and the tool's input
     validation then refuses it (INVALID_ARGUMENT; a tool whose input is a model or a
     dict never runs on it). A warning names the bad JSON."""
-    if raw is None or not raw.strip():
+    if raw is None:
+        return {}
+    if not isinstance(raw, str):  # a server that sends the arguments as JSON itself
+        return raw
+    if not raw.strip():
         return {}
     try:
         return json.loads(raw)

@@ -12,7 +12,9 @@ Mapping, ours → Messages API: system messages → `system`; user text, images 
 it carries the signature it came with) and `tool_use` blocks (id = the part's ref); a
 tool message → `tool_result` blocks (same ids) in a `user` message. Consecutive messages
 of one role are merged, as the API wants alternating roles. Tools → `tools: [{"name",
-"description", "input_schema"}]`; the output schema has no place and is left out.
+"description", "input_schema"}]` (an input that is not an object travels as the one
+field `input` of one: `_wire.object_schema`); the output schema has no place and is
+left out.
 Config: Genkit's `maxOutputTokens` (default 4096), `temperature`, `topP`, `topK`,
 `stopSequences` are translated; other keys (`thinking`, `tool_choice`, ...) go into the
 request as they are; `stream: false` turns streaming off.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import threading
 from collections.abc import Mapping
@@ -60,6 +63,7 @@ from ._http import (
     timeout_from_env,
 )
 from ._wire import (
+    WRAPPED_INPUT,
     check_history,
     dump_output,
     new_ref,
@@ -67,6 +71,8 @@ from ._wire import (
     parse_arguments,
     parse_data_url,
     text_of,
+    unwrap_input,
+    wrapped_tools,
 )
 from .base import ChunkCallback
 
@@ -154,6 +160,7 @@ class AnthropicModel:
         wanted = config.pop("stream", True)
         streaming = self.stream and on_chunk is not None and wanted is not False
         params = self.params(request, config)
+        wrapped = wrapped_tools(request.tools)
         started = [False]
 
         def emit(chunk: ModelChunk) -> None:
@@ -164,8 +171,9 @@ class AnthropicModel:
         def attempt() -> ModelResponse:
             try:
                 if streaming:
-                    return self._stream(params, emit)
-                return self._parse(self._create(params, stream=False).model_dump(mode="json"))
+                    return self._stream(params, emit, wrapped)
+                reply = self._create(params, stream=False).model_dump(mode="json")
+                return self._parse(reply, wrapped)
             except StatusError:
                 raise
             except Exception as exc:
@@ -181,7 +189,7 @@ class AnthropicModel:
     ) -> dict[str, Any]:
         """The Messages API request (the SDK's keyword arguments) for `request`."""
         check_history(request.messages, self.name)
-        system, messages = _messages(request.messages)
+        system, messages = _messages(request.messages, wrapped_tools(request.tools))
         params: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.max_tokens,
@@ -222,9 +230,11 @@ class AnthropicModel:
             kwargs["stream"] = True
         return create(**kwargs)
 
-    def _stream(self, params: dict[str, Any], emit: ChunkCallback) -> ModelResponse:
+    def _stream(
+        self, params: dict[str, Any], emit: ChunkCallback, wrapped: frozenset[str]
+    ) -> ModelResponse:
         stream = self._create(params, stream=True)
-        state = _StreamState(self.name)
+        state = _StreamState(self.name, wrapped)
         try:
             for event in stream:
                 state.add(event.model_dump(mode="json"), emit)
@@ -232,8 +242,10 @@ class AnthropicModel:
             stream.close()
         return state.finish()
 
-    def _parse(self, data: Mapping[str, Any]) -> ModelResponse:
-        parts = [p for block in data.get("content") or [] if (p := _part(block))]
+    def _parse(
+        self, data: Mapping[str, Any], wrapped: frozenset[str] = frozenset()
+    ) -> ModelResponse:
+        parts = [p for block in data.get("content") or [] if (p := _part(block, wrapped))]
         return ModelResponse(
             message=Message(role="model", content=parts),
             finish_reason=finish_reason(data.get("stop_reason")),
@@ -279,6 +291,12 @@ class AnthropicModel:
         if isinstance(exc, anthropic.APIError):
             return ModelError(
                 Status.INTERNAL, f"{self.name}: {exc}", provider="anthropic", retryable=False
+            )
+        if isinstance(exc, json.JSONDecodeError):  # a reply, or a stream event, not JSON
+            return ModelError(
+                Status.INTERNAL,
+                f"{self.name}: the reply is not JSON ({exc}): {exc.doc[:200]!r}",
+                provider="anthropic",
             )
         return None
 
@@ -345,7 +363,9 @@ def finish_reason(reason: str | None) -> FinishReason:
 # -- ours → the Messages API ----------------------------------------------------------------
 
 
-def _messages(history: list[Message]) -> tuple[str, list[dict[str, Any]]]:
+def _messages(
+    history: list[Message], wrapped: frozenset[str] = frozenset()
+) -> tuple[str, list[dict[str, Any]]]:
     system: list[str] = []
     out: list[dict[str, Any]] = []
 
@@ -363,7 +383,10 @@ def _messages(history: list[Message]) -> tuple[str, list[dict[str, Any]]]:
         elif message.role == "user":
             add("user", [b for p in message.content if (b := _user_block(p))])
         elif message.role == "model":
-            add("assistant", [b for p in message.content if (b := _assistant_block(p))])
+            add(
+                "assistant",
+                [b for p in message.content if (b := _assistant_block(p, wrapped))],
+            )
         else:
             add(
                 "user",
@@ -402,17 +425,19 @@ def _user_block(part: Part) -> dict[str, Any] | None:
     return None
 
 
-def _assistant_block(part: Part) -> dict[str, Any] | None:
+def _assistant_block(part: Part, wrapped: frozenset[str] = frozenset()) -> dict[str, Any] | None:
     if part.text is not None:
         return {"type": "text", "text": part.text} if part.text else None
     req = part.tool_request
     if req is not None:
-        if req.input is None:
-            value: Any = {}
+        if req.name in wrapped:  # its schema was wrapped: so are its calls
+            value: Any = {WRAPPED_INPUT: req.input}
+        elif req.input is None:
+            value = {}
         elif isinstance(req.input, dict):
             value = req.input
         else:  # the API takes objects only; keep what the model sent
-            value = {"input": req.input}
+            value = {WRAPPED_INPUT: req.input}
         return {"type": "tool_use", "id": req.ref or req.name, "name": req.name, "input": value}
     meta = part.meta(_META) or {}
     if part.reasoning is not None and meta.get("signature"):
@@ -425,13 +450,15 @@ def _assistant_block(part: Part) -> dict[str, Any] | None:
 # -- the Messages API → ours ----------------------------------------------------------------
 
 
-def _part(block: Mapping[str, Any]) -> Part | None:
+def _part(block: Mapping[str, Any], wrapped: frozenset[str] = frozenset()) -> Part | None:
     kind = block.get("type")
     if kind == "text":
         return Part(text=block.get("text") or "") if block.get("text") else None
     if kind == "tool_use":
         ref = block.get("id") or new_ref()
-        return Part(tool_request=ToolRequest(name=block["name"], ref=ref, input=block.get("input")))
+        name = block["name"]
+        value = unwrap_input(block.get("input"), name, wrapped)
+        return Part(tool_request=ToolRequest(name=name, ref=ref, input=value))
     if kind == "thinking":
         return Part(
             reasoning=block.get("thinking") or "",
@@ -473,6 +500,7 @@ class _StreamState:
     """A streamed reply as it is assembled from its events."""
 
     model: str
+    wrapped: frozenset[str] = frozenset()
     blocks: dict[int, _Block] = field(default_factory=dict)
     parts: list[Part] = field(default_factory=list)
     reason: str | None = None
@@ -525,6 +553,7 @@ class _StreamState:
                 if raw.strip()
                 else block.start.get("input") or {}
             )
+            value = unwrap_input(value, name, self.wrapped)
             return Part(tool_request=ToolRequest(name=name, ref=ref, input=value))
         if block.type == "text":
             text = block.start.get("text", "") + "".join(block.text)

@@ -21,8 +21,9 @@ Mapping, ours → Chat Completions: system messages → `system`; user text and 
 `user`; a model message → one `assistant` message (text, and `tool_calls` whose ids are
 the parts' refs); a tool message → one `tool` message per response, `tool_call_id` =
 ref. Reasoning parts are not sent back. Tools → `tools: [{"type": "function", ...}]`
-with the input JSON Schema as `parameters` (the output schema has no place there and is
-left out). Config: Genkit's `temperature`, `maxOutputTokens`, `topP`, `stopSequences`
+with the input JSON Schema as `parameters` (an input that is not an object travels as
+the one field `input` of one: `_wire.object_schema`; the output schema has no place
+there and is left out). Config: Genkit's `temperature`, `maxOutputTokens`, `topP`, `stopSequences`
 are translated; any other key goes into the request body as it is (`seed`,
 `reasoning_effort`, ...); `stream: false` turns streaming off.
 
@@ -71,6 +72,7 @@ from ._http import (
     timeout_from_env,
 )
 from ._wire import (
+    WRAPPED_INPUT,
     check_history,
     dump_input,
     dump_output,
@@ -78,6 +80,8 @@ from ._wire import (
     object_schema,
     parse_arguments,
     text_of,
+    unwrap_input,
+    wrapped_tools,
 )
 from .base import ChunkCallback
 
@@ -231,6 +235,7 @@ class OpenAIModel:
         wanted = config.pop("stream", True)
         streaming = self.stream and on_chunk is not None and wanted is not False
         body = self.body(request, config, streaming)
+        wrapped = wrapped_tools(request.tools)
         started = [False]
 
         def emit(chunk: ModelChunk) -> None:
@@ -240,8 +245,8 @@ class OpenAIModel:
 
         def attempt() -> ModelResponse:
             if streaming:
-                return self._stream(body, emit)
-            return self._parse(self._post(body))
+                return self._stream(body, emit, wrapped)
+            return self._parse(self._post(body), wrapped)
 
         return call_with_retries(attempt, self.retry, started=lambda: started[0], what=self.name)
 
@@ -271,13 +276,14 @@ class OpenAIModel:
 
     def messages(self, request: ModelRequest) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
+        wrapped = wrapped_tools(request.tools)
         for message in request.messages:
             if message.role == "system":
                 out.append({"role": "system", "content": text_of(message.content)})
             elif message.role == "user":
                 out.append({"role": "user", "content": _user_content(message.content)})
             elif message.role == "model":
-                out.append(_assistant(message))
+                out.append(_assistant(message, wrapped))
             else:
                 for part in message.content:
                     res = part.tool_response
@@ -320,7 +326,9 @@ class OpenAIModel:
                 provider=self.provider,
             ) from exc
 
-    def _stream(self, body: dict[str, Any], emit: ChunkCallback) -> ModelResponse:
+    def _stream(
+        self, body: dict[str, Any], emit: ChunkCallback, wrapped: frozenset[str]
+    ) -> ModelResponse:
         try:
             with self._http().stream(
                 "POST", self.url, json=body, headers=self._headers(True)
@@ -330,10 +338,10 @@ class OpenAIModel:
                     raise self._http_error(response.status_code, text, response.headers)
                 if "text/event-stream" not in response.headers.get("content-type", ""):
                     # A server that ignored `stream`: take the whole reply as one chunk.
-                    reply = self._parse(self._json(response.read()))
+                    reply = self._parse(self._json(response.read()), wrapped)
                     emit(ModelChunk(role="model", content=list(reply.message.content)))
                     return reply
-                state = _StreamState(self.name)
+                state = _StreamState(self.name, wrapped)
                 for data in _sse_data(response.iter_lines()):
                     if data.strip() == "[DONE]":
                         break
@@ -341,13 +349,21 @@ class OpenAIModel:
                         chunk = json.loads(data)
                     except ValueError:
                         continue  # a keep-alive or a comment some servers send
+                    if isinstance(chunk, list) and chunk:  # Google's errors: an array
+                        self._check_stream_error(chunk[0])
                     self._check_stream_error(chunk)
+                    if not isinstance(chunk, dict):
+                        raise ModelError(
+                            Status.INTERNAL,
+                            f"{self.name}: a streamed event is not a JSON object: {data[:200]!r}",
+                            provider=self.provider,
+                        )
                     state.add(chunk, emit)
         except httpx.TransportError as exc:
             raise self._transport_error(exc) from exc
         return state.finish(emit)
 
-    def _parse(self, data: Any) -> ModelResponse:
+    def _parse(self, data: Any, wrapped: frozenset[str] = frozenset()) -> ModelResponse:
         if isinstance(data, dict) and "error" in data and not data.get("choices"):
             self._check_stream_error(data)
         choices = data.get("choices") if isinstance(data, dict) else None
@@ -375,7 +391,12 @@ class OpenAIModel:
             fn = call.get("function") or {}
             parts.append(
                 _tool_request(
-                    call.get("id"), fn.get("name", ""), fn.get("arguments"), call, self.name
+                    call.get("id"),
+                    fn.get("name", ""),
+                    fn.get("arguments"),
+                    call,
+                    self.name,
+                    wrapped,
                 )
             )
         return ModelResponse(
@@ -425,12 +446,13 @@ class OpenAIModel:
         err = chunk.get("error") if isinstance(chunk, dict) else None
         if not err:
             return
-        kind = str(err.get("type") or err.get("code") or "") if isinstance(err, dict) else ""
         code = err.get("code") if isinstance(err, dict) else None
+        kind = err.get("type") if isinstance(err, dict) else None
         if isinstance(code, int) and code >= 400:
             status, retryable = status_for_http(code), is_retryable_http(code)
-        else:
-            status, retryable = _ERROR_TYPES.get(kind, (Status.UNKNOWN, False))
+        else:  # OpenAI's rate limits: type "requests" or "tokens", code "rate_limit_exceeded"
+            known = _ERROR_TYPES.get(str(code)) or _ERROR_TYPES.get(str(kind))
+            status, retryable = known or (Status.UNKNOWN, False)
         raise ModelError(
             status,
             f"{self.name}: {self.provider} reported an error: {error_text(chunk)}",
@@ -504,7 +526,7 @@ def _user_content(parts: list[Part]) -> str | list[dict[str, Any]]:
     return content
 
 
-def _assistant(message: Message) -> dict[str, Any]:
+def _assistant(message: Message, wrapped: frozenset[str] = frozenset()) -> dict[str, Any]:
     text = "".join(p.text for p in message.content if p.text is not None)
     calls = []
     for part in message.content:
@@ -514,7 +536,12 @@ def _assistant(message: Message) -> dict[str, Any]:
         call: dict[str, Any] = {
             "id": req.ref or req.name,
             "type": "function",
-            "function": {"name": req.name, "arguments": dump_input(req.input)},
+            "function": {
+                "name": req.name,
+                "arguments": dump_input(
+                    {WRAPPED_INPUT: req.input} if req.name in wrapped else req.input
+                ),
+            },
         }
         extra = (part.meta(_EXTRA) or {}).get("extra_content")
         if extra is not None:
@@ -527,14 +554,18 @@ def _assistant(message: Message) -> dict[str, Any]:
 
 
 def _tool_request(
-    call_id: str | None, name: str, arguments: str | None, call: Mapping[str, Any], model: str
+    call_id: str | None,
+    name: str,
+    arguments: Any,
+    call: Mapping[str, Any],
+    model: str,
+    wrapped: frozenset[str],
 ) -> Part:
     ref = call_id or new_ref()
     extra = call.get("extra_content")
+    value = parse_arguments(arguments, tool=name, ref=ref, model=model)
     return Part(
-        tool_request=ToolRequest(
-            name=name, ref=ref, input=parse_arguments(arguments, tool=name, ref=ref, model=model)
-        ),
+        tool_request=ToolRequest(name=name, ref=ref, input=unwrap_input(value, name, wrapped)),
         metadata={_EXTRA: {"extra_content": extra}} if extra is not None else None,
     )
 
@@ -580,6 +611,7 @@ class _StreamState:
     """A streamed reply as it is assembled from its deltas."""
 
     model: str
+    wrapped: frozenset[str] = frozenset()
     text: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     refusal: list[str] = field(default_factory=list)
@@ -613,21 +645,27 @@ class _StreamState:
 
     def _add_call(self, tc: Mapping[str, Any]) -> None:
         index = tc.get("index")
+        fn = tc.get("function") or {}
         if not isinstance(index, int):
-            # Servers that send each call whole, without an index: a new id, a new call.
+            # Servers that send each call whole, without an index: a new id or a name
+            # (a call's first fragment; later ones carry only arguments) starts a new
+            # call. Some send empty or repeated ids ("", or the function's name).
             known = [c.id for c in self.calls.values()]
-            if not self.calls or (tc.get("id") and tc["id"] not in known):
+            fresh = tc.get("id") and tc["id"] not in known
+            if not self.calls or fresh or fn.get("name"):
                 index = len(self.calls)
             else:
                 index = max(self.calls)
         call = self.calls.setdefault(index, _Call())
         if tc.get("id"):
             call.id = tc["id"]
-        fn = tc.get("function") or {}
         if fn.get("name"):
             call.name = fn["name"]
-        if fn.get("arguments"):
-            call.arguments.append(fn["arguments"])
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str) and arguments:
+            call.arguments.append(arguments)
+        elif arguments:  # some servers send the JSON itself, not a string of it
+            call.arguments.append(json.dumps(arguments))
         if isinstance(tc.get("extra_content"), dict):
             call.extra.update(tc["extra_content"])
 
@@ -646,6 +684,7 @@ class _StreamState:
                 "".join(call.arguments),
                 {"extra_content": call.extra} if call.extra else {},
                 self.model,
+                self.wrapped,
             )
             for _, call in sorted(self.calls.items())
         ]
