@@ -366,3 +366,55 @@ def test_anthropic_reply_that_is_not_json_is_an_internal_model_error(
         model.close()
     assert info.value.status is Status.INTERNAL
     assert "the reply is not JSON" in info.value.message
+
+
+# -- what is worth another try ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "headers", "retried", "status"),
+    [
+        (408, {}, True, Status.DEADLINE_EXCEEDED),
+        (409, {}, True, Status.ABORTED),
+        (500, {"x-should-retry": "false"}, False, Status.UNAVAILABLE),
+        (400, {"x-should-retry": "true"}, True, Status.INVALID_ARGUMENT),
+        (400, {}, False, Status.INVALID_ARGUMENT),
+    ],
+)
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_what_is_retried_follows_the_code_and_the_servers_word(
+    provider: str,
+    code: int,
+    headers: dict[str, str],
+    retried: bool,
+    status: Status,
+    server: FakeLLMServer,
+) -> None:
+    """408 and 409 are retried as the providers' SDKs retry them; `x-should-retry` has
+    the last word. Two attempts: the second succeeds if the first is retried."""
+    twice = RetryPolicy(attempts=2, initial_delay=0.01, max_delay=0.02)
+    error = {"type": "error", "error": {"type": "api_error", "message": f"said {code}"}}
+    model: Any
+    if provider == "openai":
+        model = openai_model(server, twice)
+        ok = openai_text("ok")
+    else:
+        pytest.importorskip("anthropic")
+        from interlock.models.anthropic import AnthropicModel
+
+        model = AnthropicModel(
+            "anthropic/claude-test", api_key="sk-ant-test", base_url=server.url, retry=twice
+        )
+        ok = anthropic_text("ok")
+    server.push(Reply(code, error, headers=headers), ok)
+    try:
+        if retried:
+            assert model.generate(ask("Hi"), lambda c: None).message.text == "ok"
+        else:
+            with pytest.raises(ModelError) as info:
+                model.generate(ask("Hi"), lambda c: None)
+            assert info.value.status is status and info.value.http_status == code
+            assert f"said {code}" in info.value.message
+    finally:
+        model.close()
+    assert len(server.requests) == (2 if retried else 1)

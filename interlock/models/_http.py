@@ -91,8 +91,14 @@ def status_for_http(code: int) -> Status:
     return Status.INVALID_ARGUMENT if 400 <= code < 500 else Status.UNKNOWN
 
 
-def is_retryable_http(code: int) -> bool:
-    return code == 429 or code >= 500
+def is_retryable_http(code: int, headers: Mapping[str, str] | None = None) -> bool:
+    """Whether an HTTP error is worth another try: 408 (the request timed out), 409 (a
+    lock conflict), 429 and 5xx, as the providers' own SDKs decide, unless the server
+    says otherwise with `x-should-retry: true` or `false` (OpenAI and Anthropic send it)."""
+    told = {k.lower(): v for k, v in (headers or {}).items()}.get("x-should-retry")
+    if told is not None and told.strip().lower() in ("true", "false"):
+        return told.strip().lower() == "true"
+    return code in (408, 409, 429) or code >= 500
 
 
 def retry_after_seconds(headers: Mapping[str, str]) -> float | None:

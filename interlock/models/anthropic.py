@@ -275,7 +275,8 @@ class AnthropicModel:
             body = exc.body
             kind = _error_type(body)
             if code >= 400:
-                status, retryable = status_for_http(code), is_retryable_http(code)
+                retryable = is_retryable_http(code, exc.response.headers)
+                status = status_for_http(code)
                 where = f"anthropic answered HTTP {code}"
             else:  # an error event in the middle of a stream
                 status, retryable = _ERROR_TYPES.get(kind, (Status.UNKNOWN, False))

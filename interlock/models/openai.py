@@ -421,7 +421,7 @@ class OpenAIModel:
             message,
             provider=self.provider,
             http_status=code,
-            retryable=is_retryable_http(code),
+            retryable=is_retryable_http(code, headers),
             retry_after=retry_after_seconds(headers),
         )
 
