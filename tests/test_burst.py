@@ -181,6 +181,71 @@ def test_sigterm_stops_a_consumer_waiting_for_the_broker(
     assert "stopped while waiting for the broker" in consumer.output() or burst, consumer.tail()
 
 
+# ------------------------------------------------------------ a store it cannot use
+
+
+NOT_A_DATABASE = b"this is no SQLite database\n" * 200
+
+
+@pytest.mark.parametrize("command", ["worker", "resume-consumer"])
+def test_a_burst_process_whose_store_is_no_database_exits_unavailable_keeping_its_work(
+    batch: Batch, tmp_path: Path, command: str
+) -> None:
+    """A store URL pointing at a file that is no database: the worker used to take the
+    turn, fail it inside Celery (logged, exit 0) and drop it; the consumer to requeue
+    its decision every second for ever. Both now say why in one line, exit 1, and leave
+    the turn or the decision queued for a run with the right store."""
+    wrong = tmp_path / "wrong.db"
+    wrong.write_bytes(NOT_A_DATABASE)
+    flags = ["--app", APP, "--broker", batch.server.url, "--store", f"sqlite:///{wrong}"]
+    if command == "worker":
+        sent = run_cli("submit", *batch.flags, "--agent", "bankingAgent", "--text", "Hi")
+        assert sent.returncode == 0, sent.describe()
+        extra = ["--pool", "solo"]
+    else:
+        Producer(batch.conn).publish(
+            json.dumps(decision("snap-1", "token", respond=[])),
+            exchange="",
+            routing_key="interlock.decisions",
+            content_type="application/json",
+        )
+        extra = []
+    result = run_cli(command, "--burst", *flags, *extra, timeout=60)
+    assert result.returncode == 1, result.describe()
+    assert result.stderr.splitlines()[-1] == (
+        "error: UNAVAILABLE: cannot use the store: file is not a database"
+    ), result.describe()
+    assert "Traceback" not in result.stderr + result.stdout, result.describe()
+    with batch.conn.channel() as channel:
+        kept = "interlock.turns" if command == "worker" else "interlock.decisions"
+        assert int(channel.client.llen(kept)) == 1, f"{kept} keeps its message"
+    assert wrong.read_bytes() == NOT_A_DATABASE, "the file is left as it was"
+
+
+def test_a_worker_retries_a_turn_until_its_store_can_be_used(batch: Batch, tmp_path: Path) -> None:
+    """A served worker whose store is unusable (not only unreachable) does not drop the
+    turn: its task is retried, backing off, and runs once the store is right."""
+    store = tmp_path / "later.db"
+    store.write_bytes(NOT_A_DATABASE)
+    flags = ["--app", APP, "--broker", batch.server.url, "--store", f"sqlite:///{store}"]
+    worker = Service("worker", ["worker", "--pool", "solo", *flags], tmp_path / "worker.log")
+    try:
+        worker.wait_for("ready")
+        sent = run_cli(
+            "submit", *batch.flags, "--agent", "bankingAgent", "--text", "Transfer $3 to savings"
+        )
+        assert sent.returncode == 0, sent.describe()
+        worker.wait_for("file is not a database")
+        worker.wait_for("Retry in")  # Celery's line for a retried task
+        assert batch.read_events(1, timeout=2) == [], "nothing ran, nothing was answered"
+        store.unlink()  # the operator mends it: the next try makes a new store there
+        [event] = batch.read_events(1, timeout=60)
+        assert event["type"] == "turn.interrupted", event
+        assert event["turn_id"] == sent.json_lines()[0]["turn_id"]
+    finally:
+        assert worker.stop(timeout=30) == "exit 0", worker.tail()
+
+
 # ------------------------------------------------------------ many turns from a file
 
 

@@ -305,3 +305,20 @@ def test_demo_in_process_takes_no_broker_or_store(tmp_path: Path) -> None:
         result = run_cli("demo", "--in-process", flag, value, cwd=tmp_path, timeout=60)
         assert result.returncode == 2, result.describe()
         assert "--in-process uses no queues and no store" in result.stderr, result.describe()
+
+
+def test_a_store_that_is_no_database_is_one_line_for_every_command_that_reads_it(
+    tmp_path: Path,
+) -> None:
+    """Pointed at a file that is no database, each command says so in one line (exit 1)
+    and leaves the file alone, where each used to print SQLAlchemy's traceback."""
+    wrong = tmp_path / "wrong.db"
+    wrong.write_bytes(b"no database here\n" * 100)
+    store = ["--store", f"sqlite:///{wrong}"]
+    for args in (["pending"], ["audit", "some-session"], ["migrate"]):
+        result = run_cli(*args, *store)
+        assert result.returncode == 1, result.describe()
+        assert result.stderr.strip() == (
+            "error: UNAVAILABLE: cannot use the store: file is not a database"
+        ), result.describe()
+    assert wrong.read_bytes() == b"no database here\n" * 100

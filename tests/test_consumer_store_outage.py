@@ -124,3 +124,28 @@ def test_decision_delivered_while_the_database_is_away_is_requeued_then_accepted
         rig.decisions.get_nowait()
     with pytest.raises(dead.Empty):
         dead.get_nowait()
+
+
+def test_a_consumer_that_may_give_up_stops_after_failures_in_a_row_keeping_the_decision(
+    rig: Rig, dead: Any, pg_admin: str, pg_url: str
+) -> None:
+    """A batch job's consumer (`resume-consumer --burst`) gives up once the store has
+    failed `give_up_after` + 1 deliveries in a row, instead of requeueing for ever: it
+    stops, says why (`gave_up`), and the decision is still queued, with no outcome."""
+    from workers.burst import drain
+
+    body = rig.paused(16)
+    consumer = rig.consumer()
+    consumer.give_up_after = 1
+    rig.rt.publisher.publish_decision(body)
+    with database_away(pg_admin, pg_url):
+        drain(consumer, idle=30)  # returns long before the idle time: it gave up
+    assert isinstance(consumer.gave_up, OperationalError), consumer.gave_up
+    assert consumer.failing == 2 and consumer.handled == 0
+    assert rig.published() == []
+    with pytest.raises(dead.Empty):
+        dead.get_nowait()
+    consumer.connection.release()  # its channel's unacked message goes back to the queue
+    again = rig.decisions.get(timeout=REQUEUED_TIMEOUT)
+    assert json.loads(again.body) == body
+    assert rig.claimed_by(body["snapshot_id"]) is None

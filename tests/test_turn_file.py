@@ -3,6 +3,8 @@ that names a bad one before anything is sent."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -73,6 +75,18 @@ def test_a_file_without_text_is_refused() -> None:
             1,
             "error: INVALID_ARGUMENT: store URL 'notaurl' is not a database URL",
         ),
+        (
+            ["--text", "hi", "--broker", "redis://127.0.0.1:99999/0"],
+            1,
+            "error: INVALID_ARGUMENT: broker URL 'redis://127.0.0.1:99999/0' has a bad port: "
+            "Port out of range 0-65535",
+        ),
+        (
+            ["--text", "hi", "--broker", "redis://127.0.0.1:1/abc"],
+            1,
+            "error: INVALID_ARGUMENT: broker URL 'redis://127.0.0.1:1/abc' names Redis "
+            "database 'abc', which is no number",
+        ),
     ],
 )
 def test_submit_refuses_before_it_connects(args: list[str], code: int, message: str) -> None:
@@ -85,3 +99,25 @@ def test_submit_refuses_before_it_connects(args: list[str], code: int, message: 
     )
     assert result.exit_code == code, result.output
     assert message in result.output
+
+
+def test_a_file_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "turns.txt"
+    path.write_bytes(b"Transfer $5 to savings\n\xff\xfe not text\n")
+    result = CliRunner().invoke(
+        main,
+        [
+            "submit",
+            "--broker",
+            "redis://127.0.0.1:1/0",
+            "--agent",
+            "bankingAgent",
+            "--file",
+            f"{path}",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert f"error: INVALID_ARGUMENT: {path} is not UTF-8 text: invalid start byte" in (
+        result.output
+    )
+    assert "Traceback" not in result.output

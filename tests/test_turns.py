@@ -494,3 +494,23 @@ def test_a_bug_before_the_turn_is_answered_and_frees_the_pause(tmp_path: Path) -
         assert event["turn_id"] == "t-bug" and event["error"]["status"] == "INTERNAL"
     finally:
         runtime.close()
+
+
+def test_store_and_broker_errors_are_retried_but_those_the_turn_causes_are_answers() -> None:
+    """What `interlock.run_turn` leaves to a retry of its task (never dropping the turn)
+    and what is the turn's answer (`turn.failed`)."""
+    from kombu.exceptions import OperationalError as BrokerDown
+    from sqlalchemy import exc as db
+
+    from workers.turns import retried
+
+    def wrapped(kind: type[db.DBAPIError]) -> db.DBAPIError:
+        return kind("SELECT 1", {}, Exception("from the driver"))
+
+    for store_trouble in (db.OperationalError, db.DatabaseError, db.ProgrammingError):
+        assert retried(wrapped(store_trouble)), store_trouble
+    assert retried(db.TimeoutError("QueuePool limit reached"))
+    assert retried(BrokerDown("connection refused"))
+    for caused_by_the_turn in (db.DataError, db.IntegrityError):
+        assert not retried(wrapped(caused_by_the_turn)), caused_by_the_turn
+    assert not retried(ValueError("a bug"))

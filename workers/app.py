@@ -63,7 +63,7 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
         autoretry_for=RETRIED,
         retry_backoff=True,
         retry_backoff_max=30,
-        max_retries=20,
+        max_retries=None,  # until the store and the broker are back: never dropped
     )
     def run_turn_task(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         try:

@@ -65,6 +65,9 @@ class ResumeConsumer(ConsumerMixin):
 
     connect_max_retries: int | None = None  # type: ignore[assignment]  # kombu: None only
     """Attempts to reach the broker after the first before giving up; None: for ever."""
+    give_up_after: int | None = None
+    """Failures of the store or the broker in a row, each requeueing its decision, after
+    which the consumer stops (`gave_up` says why): a batch job's. None: never."""
 
     def __init__(self, app: Celery, *, heartbeat_file: str | None = None) -> None:
         self.app = app
@@ -72,6 +75,8 @@ class ResumeConsumer(ConsumerMixin):
         self.connection: Connection = self.rt.connection()
         self.heartbeat = Path(heartbeat_file) if heartbeat_file else None
         self.handled = 0
+        self.failing = 0  # decisions requeued in a row because the store or broker failed
+        self.gave_up: Exception | None = None
         # kombu inflates a compressed body before any check here: never past the limit.
         bound_decompression(MAX_DECISION_BYTES)
 
@@ -152,13 +157,17 @@ class ResumeConsumer(ConsumerMixin):
                 # straight back): keep it on the dead-letter queue instead.
                 log.exception("decision could not be processed; dead-lettering it")
                 self.unprocessable(body, headers, exc)
-        except Exception:
+        except Exception as exc:
             # The store or the broker failed: leave the decision queued and try again.
             log.exception("decision could not be processed; requeueing it")
             time.sleep(1)
             message.requeue()
+            self.failing += 1
+            if self.give_up_after is not None and self.failing > self.give_up_after:
+                self.gave_up, self.should_stop = exc, True
             return
         message.ack()
+        self.failing = 0
         self.handled += 1
 
     def unprocessable(self, body: bytes | str, headers: dict[str, Any], exc: Exception) -> None:

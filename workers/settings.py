@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from kombu.connection import Connection
 
@@ -152,11 +153,27 @@ def check_broker_url(url: str) -> None:
         resolve_transport(name)
     except (KeyError, ImportError) as exc:
         reason = "is not a URL" if not sep else f"names no broker transport kombu has ({exc})"
+        raise StatusError(Status.INVALID_ARGUMENT, _bad_broker(url, reason)) from None
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises for a port that is no number or out of range
+    except ValueError as exc:
+        raise StatusError(
+            Status.INVALID_ARGUMENT, _bad_broker(url, f"has a bad port: {exc}")
+        ) from None
+    database = parts.path.strip("/")
+    if name in ("redis", "rediss") and scheme == name and database and not database.isdigit():
         raise StatusError(
             Status.INVALID_ARGUMENT,
-            f"broker URL {redact_url(url)!r} {reason}: use redis://HOST:6379/0, "
-            "amqp://USER:PASSWORD@HOST:5672// or memory://",
-        ) from None
+            _bad_broker(url, f"names Redis database {database!r}, which is no number"),
+        )
+
+
+def _bad_broker(url: str, reason: str) -> str:
+    return (
+        f"broker URL {redact_url(url)!r} {reason}: use redis://HOST:6379/0, "
+        "amqp://USER:PASSWORD@HOST:5672// or memory://"
+    )
 
 
 STORE_BACKENDS = ("sqlite", "postgresql")

@@ -31,18 +31,27 @@ def read_turns(lines: Iterable[str], name: str = "the file") -> list[FileTurn]:
     """The turns of `lines`; a `StatusError` (INVALID_ARGUMENT) naming the first bad
     line, or saying the file holds none."""
     turns: list[FileTurn] = []
-    for number, raw in enumerate(lines, start=1):
-        line = raw.strip()
-        if not line:
-            continue
-        if len(turns) == MAX_TURNS:
-            raise _bad(name, number, f"more than {MAX_TURNS} turns in one file: split it")
-        turns.append(
-            _object_turn(name, number, line) if line.startswith("{") else FileTurn(number, line)
-        )
+    try:
+        for number, raw in enumerate(lines, start=1):
+            _add(turns, name, number, raw)
+    except UnicodeDecodeError as exc:  # the file is read as UTF-8 (click.File)
+        raise StatusError(
+            Status.INVALID_ARGUMENT, f"{name} is not UTF-8 text: {exc.reason}"
+        ) from None
     if not turns:
         raise StatusError(Status.INVALID_ARGUMENT, f"no turns in {name}: it has no text line")
     return turns
+
+
+def _add(turns: list[FileTurn], name: str, number: int, raw: str) -> None:
+    line = raw.strip()
+    if not line:
+        return
+    if len(turns) == MAX_TURNS:
+        raise _bad(name, number, f"more than {MAX_TURNS} turns in one file: split it")
+    turns.append(
+        _object_turn(name, number, line) if line.startswith("{") else FileTurn(number, line)
+    )
 
 
 def _object_turn(name: str, number: int, line: str) -> FileTurn:

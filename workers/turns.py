@@ -12,7 +12,8 @@ from typing import Any
 
 from kombu.exceptions import OperationalError as BrokerUnavailable
 from pydantic import ValidationError
-from sqlalchemy.exc import OperationalError as StoreUnavailable
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from interlock import AgentInput, InterlockError, Status, StatusError
 from interlock.journal import TurnJournal
@@ -41,9 +42,20 @@ def new_turn_request(
     )
 
 
-RETRIED: tuple[type[Exception], ...] = (StoreUnavailable, BrokerUnavailable)
-"""Errors of the store's or the broker's connection: `interlock.run_turn` is retried on
-them (the turn then goes on where it stood). Any other error is the turn's answer."""
+RETRIED: tuple[type[Exception], ...] = (DBAPIError, PoolTimeout, BrokerUnavailable)
+"""Errors of the store or the broker (unreachable, or unusable: a file that is no
+database, a table missing): `interlock.run_turn` is retried on them, backing off to 30
+s, until they are gone (the turn then goes on where it stood), never dropped. Any other
+error of the turn is its answer (`turn.failed`), as is a value the database refuses or
+a constraint it enforces (`_CAUSED_BY_THE_TURN`)."""
+
+_CAUSED_BY_THE_TURN: tuple[type[Exception], ...] = (DataError, IntegrityError)
+"""Database errors a turn's own content or logic causes: retrying cannot help."""
+
+
+def retried(exc: BaseException) -> bool:
+    """Whether `exc` leaves the turn to a retry of its task, not answered."""
+    return isinstance(exc, RETRIED) and not isinstance(exc, _CAUSED_BY_THE_TURN)
 
 
 class TurnBusy(Exception):
@@ -208,9 +220,9 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, A
             "session_id": out.session_id,
             "snapshot_id": out.snapshot_id,
         }
-    except RETRIED:
-        raise  # the store or the broker: the task is retried, the turn goes on later
     except Exception as exc:
+        if retried(exc):
+            raise  # the store or the broker: the task is retried, the turn goes on later
         if isinstance(exc, StatusError):
             error = exc
         elif isinstance(exc, InterlockError):

@@ -71,18 +71,22 @@ def clear_errors(fn: F) -> F:
 
 
 def unreachable(exc: Exception) -> str | None:
-    """One line saying which service cannot be reached, when `exc` says so (kombu's and
-    SQLAlchemy's connection errors are no `OSError`)."""
+    """One line saying which service cannot be reached or used, when `exc` says so
+    (kombu's and SQLAlchemy's errors are no `OSError`)."""
     from kombu.exceptions import OperationalError as BrokerError
     from redis.exceptions import ConnectionError as RedisDown
     from redis.exceptions import TimeoutError as RedisSlow
+    from sqlalchemy.exc import DBAPIError
     from sqlalchemy.exc import OperationalError as StoreError
 
     if isinstance(exc, BrokerError | RedisDown | RedisSlow):  # redis-py's, unwrapped
         return f"cannot reach the broker: {exc}"
-    if isinstance(exc, StoreError):
+    if isinstance(exc, DBAPIError):
         first = (str(exc.orig or exc).strip().splitlines() or [""])[0]
-        return f"cannot reach the store: {first}"
+        if isinstance(exc, StoreError):
+            return f"cannot reach the store: {first}"
+        # A file that is no database, tables of another program: the store is unusable.
+        return f"cannot use the store: {first}"
     return None
 
 

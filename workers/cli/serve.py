@@ -10,6 +10,8 @@ import uuid
 
 import click
 
+from interlock import Status, StatusError
+
 from ..settings import Settings, redact_url
 from .base import (
     app_option,
@@ -21,6 +23,7 @@ from .base import (
     main,
     shared_broker,
     store_option,
+    unreachable,
 )
 
 __all__: list[str] = []
@@ -89,8 +92,9 @@ def worker(
         )
     )
     load_registry(settings.app)  # fail here, clearly, rather than inside Celery
-    if burst:  # a batch job: no broker, one line (UNAVAILABLE), not Celery's traceback
+    if burst:  # a batch job: no broker or store, one line (UNAVAILABLE), turns kept queued
         _reach_broker(settings)
+        _reach_store(settings)
     emit(
         {
             "worker": "starting",
@@ -151,6 +155,15 @@ def _reach_broker(settings: Settings) -> None:
         )
 
 
+def _reach_store(settings: Settings) -> None:
+    """Open the store once (making its tables if missing): a store that cannot be
+    reached or used (a file that is no database) raises SQLAlchemy's error, which
+    `clear_errors` says in one line."""
+    from interlock import SqlSessionStore
+
+    SqlSessionStore(settings.store_url).dispose()
+
+
 @main.command(
     "resume-consumer", short_help="Run the resume consumer: decisions in, resumed turns out."
 )
@@ -195,12 +208,17 @@ def resume_consumer(
     consumer = ResumeConsumer(celery_app, heartbeat_file=settings.heartbeat_file)
     rt = consumer.rt
     rt.registry  # noqa: B018 - fail early on a bad --app
+    if burst:  # a batch job: a store it cannot use is one line (UNAVAILABLE), at once
+        _reach_store(settings)
     maintenance = Maintenance(rt)
     maintenance.start(settings.relay_interval)  # at start-up, then periodically
+
+    stopped: list[int] = []
 
     def stop(signum: int, _frame: object) -> None:
         """SIGTERM or a first Ctrl-C: finish the decision in hand, then stop (exit 0, as
         the worker does); a second Ctrl-C interrupts at once."""
+        stopped.append(signum)
         consumer.should_stop = True
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -222,9 +240,19 @@ def resume_consumer(
             # A batch job should not wait for a broker that is not there: a few
             # attempts (about 12 s), then UNAVAILABLE. Served, it retries for ever.
             consumer.connect_max_retries = BURST_CONNECT_RETRIES
+            consumer.give_up_after = BURST_CONNECT_RETRIES  # the same for the store
             with contextlib.suppress(StopRequested):  # stopped before the broker answered
                 drain(consumer, idle)
-            emit({"resume_consumer": "drained", "handled": consumer.handled})
+            if consumer.gave_up is not None:
+                failing = consumer.gave_up
+                reason = unreachable(failing) or f"{type(failing).__name__}: {failing}"
+                raise StatusError(
+                    Status.UNAVAILABLE,
+                    f"{reason} (a decision failed {consumer.failing} times in a row; it "
+                    f"stays queued, and {consumer.handled} were handled)",
+                )
+            ended = "stopped" if stopped else "drained"
+            emit({"resume_consumer": ended, "handled": consumer.handled})
         else:
             consumer.run()
             emit({"resume_consumer": "stopped", "handled": consumer.handled})
