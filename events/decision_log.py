@@ -78,10 +78,13 @@ _SET_BODY = (
 
 
 class DecisionLog:
-    def __init__(self, store: SqlSessionStore) -> None:
+    def __init__(self, store: SqlSessionStore, *, create_tables: bool = True) -> None:
+        """The decision log in `store`'s database (its table made if missing, unless
+        `create_tables` is False: a reader's)."""
         self.engine: Engine = store.engine
         self._writer = store.writer()  # BEGIN IMMEDIATE on SQLite: writers queue
-        store.create_all(decision_metadata)
+        if create_tables:
+            store.create_all(decision_metadata)
 
     def get(self, decision_id: str, *, conn: Connection | None = None) -> DecisionRecord | None:
         """The record of `decision_id`, if any; on `conn` when given (a read sharing the

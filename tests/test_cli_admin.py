@@ -8,8 +8,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from queue_helpers import child_env, interlock_bin, run_cli
-from sqlalchemy import create_engine, inspect
+from services import free_port, start_redis
+from sqlalchemy import create_engine, inspect, text
+
+from workers.settings import redact_url
 
 TABLES = [
     "interlock_decision",
@@ -322,3 +326,66 @@ def test_a_store_that_is_no_database_is_one_line_for_every_command_that_reads_it
             "error: UNAVAILABLE: cannot use the store: file is not a database"
         ), result.describe()
     assert wrong.read_bytes() == b"no database here\n" * 100
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_commands_that_read_the_store_make_no_table_in_a_database_without_one(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`pending`, `audit` and `decide` pointed at a database that holds no Interlock
+    tables (the wrong one, or one nothing has run on yet) say so, and leave it as it
+    was: they used to create the store's tables in it."""
+    url = (
+        f"sqlite:///{tmp_path / 'empty.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    theirs = create_engine(url)
+    with theirs.begin() as conn:
+        conn.execute(text("CREATE TABLE theirs (x INTEGER)"))
+    theirs.dispose()
+    says = "has no Interlock tables (check --store or INTERLOCK_STORE_URL"
+    broker = ["--broker", f"redis://127.0.0.1:{free_port()}/0"]  # never reached
+    listed = run_cli("pending", "--store", url)
+    assert listed.returncode == 0 and listed.stdout == "", listed.describe()
+    assert f"no open interrupts: the store at {redact_url(url)} {says}" in listed.stderr
+    audited = run_cli("audit", "some-session", "--store", url)
+    assert audited.returncode == 1, audited.describe()
+    assert "error: NOT_FOUND: no session some-session: the store at" in audited.stderr
+    decided = run_cli("decide", "snap-1", "--token", "t", "--approve", "--store", url, *broker)
+    assert decided.returncode == 1, decided.describe()
+    assert "error: NOT_FOUND: snapshot snap-1 not found: the store at" in decided.stderr
+    assert says in audited.stderr and says in decided.stderr
+    engine = create_engine(url)
+    try:
+        assert inspect(engine).get_table_names() == ["theirs"]
+    finally:
+        engine.dispose()
+
+
+def test_decide_wait_with_no_consumer_says_what_it_waited_for(tmp_path: Path) -> None:
+    """Its own broker: the decision it sends stays there, read by no other test."""
+    from examples.banking import bankingAgent
+    from interlock import SqlSessionStore
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = SqlSessionStore(url)
+    try:
+        paused = bankingAgent.with_store(store).run_text("Transfer $5 to savings")
+    finally:
+        store.dispose()
+    assert paused.snapshot_id is not None
+    broker = start_redis(tmp_path / "redis")
+    try:
+        result = run_cli(
+            "decide", paused.snapshot_id, "--token", "t", "--approve", "--wait",
+            "--timeout", "1", "--broker", broker.url, "--store", url, timeout=60,
+        )  # fmt: skip
+    finally:
+        broker.stop()
+    assert result.returncode == 1, result.describe()
+    [decision_id] = [line["decision_id"] for line in result.json_lines()]
+    assert result.stderr.splitlines()[-1] == (
+        f"error: DEADLINE_EXCEEDED: no outcome of decision {decision_id} within 1s: are "
+        "`interlock worker` and `interlock resume-consumer` running on this broker and store?"
+    ), result.describe()

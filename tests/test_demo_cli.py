@@ -356,6 +356,13 @@ def test_decide_refuses_a_ref_that_is_not_pending(stack: QueueStack, dash: Dashb
         f"(pending: {item.ref})",
     )
     assert decided.stdout == ""
+    twice = run_cli(
+        "decide", paused.snapshot_id, "--token", paused.resume_token, "--approve",
+        "--ref", item.ref, "--ref", item.ref, "--store", stack.store_url,
+        "--broker", stack.broker_url,
+    )  # fmt: skip
+    _clear_failure(twice, "INVALID_ARGUMENT", f"--ref {item.ref} is given twice")
+    assert twice.stdout == ""
     listed = run_cli("pending", "--store", stack.store_url, "--session", paused.session_id)
     assert [x["snapshot_id"] for x in listed.json_lines()] == [paused.snapshot_id]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,10 @@ def test_the_audit_shows_a_refused_turn(rt: Runtime) -> None:
     assert refused["error"]["status"] == "FAILED_PRECONDITION"
     assert "answer the pending interrupts first" in refused["error"]["message"]
     assert entries[0]["snapshot_id"] == paused["snapshot_id"]
+    # Every entry's time in one form, UTC with its offset, as a dashboard sorts them.
+    for entry in entries:
+        at = datetime.fromisoformat(entry["at"])
+        assert at.utcoffset() == timedelta(0), entry
     assert session_history(rt.store, DecisionLog(rt.store), "s-other") == []
 
 

@@ -65,7 +65,7 @@ def _answers(body: str) -> dict[str, Any]:
 
 
 def session_history(
-    store: SqlSessionStore, decisions: DecisionLog, session_id: str
+    store: SqlSessionStore, decisions: DecisionLog | None, session_id: str
 ) -> list[dict[str, Any]]:
     """Interrupts, decisions and outcomes of a session, oldest first: its snapshots, the
     decisions read for it, and the turns refused before they ran (a message sent while
@@ -76,7 +76,7 @@ def session_history(
         entries.append(
             {"at": when.isoformat(), "kind": "refused", "turn_id": turn_id, "error": error}
         )
-    for record in decisions.for_session(session_id):
+    for record in decisions.for_session(session_id) if decisions is not None else []:
         entries.append(
             {
                 "at": record.received_at.isoformat(),

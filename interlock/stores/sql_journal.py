@@ -24,7 +24,7 @@ import enum
 import json
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -210,7 +210,12 @@ def refused_turns(store: SqlSessionStore, session_id: str) -> list[tuple[str, An
     )
     with store.engine.connect() as conn:
         rows = conn.execute(query).all()
-    return [(str(turn), json.loads(body), when) for turn, body, when in rows]
+    return [(str(turn), json.loads(body), _utc(when)) for turn, body, when in rows]
+
+
+def _utc(when: datetime) -> datetime:
+    """Timezone-aware UTC (SQLite hands back naive values, which are UTC)."""
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
 
 
 class SqlTurnJournal:

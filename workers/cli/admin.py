@@ -20,10 +20,12 @@ from .base import (
     fail,
     main,
     missing_sqlite_file,
+    no_tables,
     read_store,
     settings_of,
     shared_broker,
     store_option,
+    store_tables,
 )
 
 __all__: list[str] = []
@@ -245,12 +247,20 @@ def audit(session_id: str, store: str | None) -> None:
 
     from ..audit import session_history
 
-    sql = read_store(settings_of(store=store).store_url)
+    url = settings_of(store=store).store_url
+    sql = read_store(url)
     try:
-        entries = session_history(sql, DecisionLog(sql), session_id)
+        empty = no_tables(sql, url)
+        decisions = (
+            DecisionLog(sql, create_tables=False)
+            if "interlock_decision" in store_tables(sql)
+            else None
+        )
+        entries = session_history(sql, decisions, session_id) if empty is None else []
     finally:
         sql.dispose()
     if not entries:
-        raise StatusError(Status.NOT_FOUND, f"no session {session_id} in the store")
+        where = f": {empty}" if empty is not None else " in the store"
+        raise StatusError(Status.NOT_FOUND, f"no session {session_id}{where}")
     for entry in entries:
         emit(entry)

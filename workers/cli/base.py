@@ -91,8 +91,9 @@ def unreachable(exc: Exception) -> str | None:
 
 
 def read_store(url: str) -> SqlSessionStore:
-    """The store at `url`, for a command that only reads it (`decide`, `audit`): a
-    SQLite file that does not exist is NOT_FOUND, not a new empty store."""
+    """The store at `url`, for a command that only reads it (`pending`, `decide`,
+    `audit`): it makes nothing, neither a file nor a table. A SQLite file that does not
+    exist is NOT_FOUND."""
     from interlock import SqlSessionStore
 
     path = missing_sqlite_file(url)
@@ -101,7 +102,24 @@ def read_store(url: str) -> SqlSessionStore:
             Status.NOT_FOUND,
             f"no store at {path} ({redact_url(url)}): check --store or INTERLOCK_STORE_URL",
         )
-    return SqlSessionStore(url)
+    return SqlSessionStore(url, create_tables=False)
+
+
+def store_tables(sql: SqlSessionStore) -> set[str]:
+    """The names of the tables the database of `sql` holds."""
+    from sqlalchemy import inspect
+
+    return set(inspect(sql.engine).get_table_names())
+
+
+def no_tables(sql: SqlSessionStore, url: str) -> str | None:
+    """Why the store at `url` holds nothing yet (no snapshot table: no worker or
+    `migrate` has run on this database), else None."""
+    if "interlock_snapshot" in store_tables(sql):
+        return None
+    return f"the store at {redact_url(url)} has no Interlock tables (check --store or " + (
+        "INTERLOCK_STORE_URL; `interlock migrate` makes them)"
+    )
 
 
 def missing_sqlite_file(url: str) -> Path | None:

@@ -18,6 +18,7 @@ from .base import (
     emit,
     main,
     missing_sqlite_file,
+    no_tables,
     read_store,
     settings_of,
     shared_broker,
@@ -148,8 +149,12 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
     if missing is not None:  # nothing has run on it: nothing waits (and none is made)
         click.echo(f"no open interrupts: no store at {missing} yet", err=True)
         return
-    sql = SqlSessionStore(url)
+    sql = SqlSessionStore(url, create_tables=False)
     try:
+        empty = no_tables(sql, url)
+        if empty is not None:
+            click.echo(f"no open interrupts: {empty}", err=True)
+            return
         snaps = sql.list_snapshots(
             session_id=session_id,
             status=SnapshotStatus.COMPLETED,
@@ -265,11 +270,13 @@ def decide(
     settings = shared_broker(settings_of(broker=broker, store=store))
     sql = read_store(settings.store_url)
     try:
-        snap = sql.get_snapshot(snapshot_id)
+        empty = no_tables(sql, settings.store_url)
+        snap = sql.get_snapshot(snapshot_id) if empty is None else None
     finally:
         sql.dispose()
     if snap is None:
-        raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found in the store")
+        where = f": {empty}" if empty is not None else " in the store"
+        raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found{where}")
     pending = {
         p.tool_request.ref: p
         for p in pending_interrupts(snap.messages)
@@ -277,6 +284,9 @@ def decide(
     }
     names = {ref: p.tool_request.name for ref, p in pending.items() if p.tool_request}
     wanted = list(refs) or list(names)
+    twice = next((ref for i, ref in enumerate(wanted) if ref in wanted[:i]), None)
+    if twice is not None:  # the consumer would refuse it: an interrupt is answered once
+        raise StatusError(Status.INVALID_ARGUMENT, f"--ref {twice} is given twice")
     if not wanted:
         raise StatusError(
             Status.FAILED_PRECONDITION, f"snapshot {snapshot_id} has no pending interrupt"

@@ -52,7 +52,7 @@ class Waiter:
             except TimeoutError:
                 raise StatusError(
                     Status.DEADLINE_EXCEEDED,
-                    f"no {what} within {self.timeout:.0f}s: {NO_ANSWER_HINT}",
+                    f"no {what.removeprefix('the ')} within {self.timeout:.0f}s: " + NO_ANSWER_HINT,
                 ) from None
             if match(found):
                 event = found
