@@ -5,8 +5,11 @@ store."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +19,7 @@ from typing import Any
 import pytest
 from kombu.connection import Connection
 from kombu.messaging import Producer
-from queue_helpers import Service, decision, run_cli
+from queue_helpers import Service, child_env, decision, interlock_bin, run_cli
 from services import free_port, start_redis
 
 from events.publisher import declare
@@ -244,6 +247,44 @@ def test_a_worker_retries_a_turn_until_its_store_can_be_used(batch: Batch, tmp_p
         assert event["turn_id"] == sent.json_lines()[0]["turn_id"]
     finally:
         assert worker.stop(timeout=30) == "exit 0", worker.tail()
+
+
+# ------------------------------------------------------------ the worker's own output
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_served_worker_stops_gracefully_on_ctrl_c_with_json_alone_on_stdout(
+    batch: Batch, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """A first Ctrl-C is a warm shutdown that exits 0, as SIGTERM's and the resume
+    consumer's (Celery's own exits 1); Celery's banner and shutdown lines go to stderr,
+    so that stdout holds the worker's one JSON line, as every command's holds JSON."""
+    err = tmp_path / "worker.err"
+    with open(tmp_path / "worker.out", "wb") as out, open(err, "wb") as errors:
+        proc = subprocess.Popen(
+            [interlock_bin(), "worker", "--pool", "solo", *batch.flags],
+            env=child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=errors,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "ready." not in err.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0, err.read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    [line] = (tmp_path / "worker.out").read_text().splitlines()
+    assert json.loads(line)["worker"] == "starting"
+    logged = err.read_text()
+    assert "celery@" in logged or "[config]" in logged, "the banner went to stderr"
+    assert "Warm shutdown" in logged
 
 
 # ------------------------------------------------------------ many turns from a file

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -453,3 +454,32 @@ def test_two_consumers_racing_on_one_decision_id_publish_one_outcome(rig: Rig, s
     assert 1 <= len(requests) <= 2  # the loser may enqueue the winner's turn again
     assert all(r == requests[0] for r in requests)
     assert requests[0]["snapshot_id"] == winner.snapshot_id
+
+
+def test_each_decision_read_leaves_one_line_in_the_log(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator sees what became of every decision without reading the queues:
+    accepted (and the turn it resumes as), rejected (and why), or unreadable (and kept
+    on the dead-letter queue)."""
+    body = rig.paused(7)
+    wrong = {**body, "decision_id": str(uuid.uuid4()), "resume_token": "not-the-token"}
+    consumer = rig.consumer()
+    for sent in (json.dumps(wrong), json.dumps(body), json.dumps({"hello": 1})):
+        rig.rt.publisher.publish_decision(sent)
+        message = rig.decisions.get(timeout=10)
+        with caplog.at_level(logging.INFO, logger="interlock.consumer"):
+            consumer.on_message(message)
+    lines = [r.getMessage() for r in caplog.records if r.name == "interlock.consumer"]
+    [request] = rig.enqueued()
+    assert lines == [
+        f"decision {wrong['decision_id']} rejected (snapshot {body['snapshot_id']}): "
+        f"PERMISSION_DENIED: resume_token does not match snapshot {body['snapshot_id']}",
+        f"decision {body['decision_id']} accepted: snapshot {body['snapshot_id']} resumes "
+        f"as turn {request['turn_id']}",
+        "kept an unreadable decision on interlock.decisions.dead: unknown schema_version "
+        "null; this consumer reads 1",
+        "decision (without an id) rejected (snapshot None): INVALID_ARGUMENT: unknown "
+        "schema_version null; this consumer reads 1",
+    ], lines
+    assert consumer.handled == 3

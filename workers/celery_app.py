@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
+import celery.apps.worker as celery_worker
+from celery.platforms import EX_OK
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
 
 from events.publisher import declare
@@ -15,6 +18,20 @@ from .burst import BURST_CONNECT_RETRIES, WorkerBurst, burst_idle
 from .heartbeat import WorkerHeartbeat
 from .settings import Settings
 
+
+def _graceful_ctrl_c() -> None:
+    """A first Ctrl-C is a warm shutdown that exits 0, as SIGTERM's (and the resume
+    consumer's), where Celery's exits 1; a second one still stops at once."""
+    shutdown = getattr(celery_worker, "_shutdown_handler", None)
+    on_sigint = getattr(celery_worker, "on_SIGINT", None)
+    if shutdown is None or on_sigint is None:  # another Celery: leave its handler
+        return
+    celery_worker.install_worker_int_handler = functools.partial(
+        shutdown, sig="SIGINT", callback=on_sigint, exitcode=EX_OK
+    )
+
+
+_graceful_ctrl_c()
 app = create_app(Settings.from_env())
 app.steps["consumer"].add(WorkerHeartbeat)  # INTERLOCK_HEARTBEAT_FILE, if set
 if burst_idle() is not None:  # a batch job: give up on a broker that is not there

@@ -20,7 +20,7 @@ from events.compression import bound_decompression
 from events.decision_log import DecisionRecord
 from events.publisher import declare
 from events.redis_transport import UNREADABLE
-from events.topology import DECISIONS
+from events.topology import DECISIONS, DECISIONS_DEAD
 from interlock import StatusError
 from schemas import (
     MAX_DECISION_BYTES,
@@ -151,7 +151,7 @@ class ResumeConsumer(ConsumerMixin):
         body = message.body
         try:
             try:
-                self.handle(body, message.content_type, headers)
+                _log_outcome(self.handle(body, message.content_type, headers))
             except _CONTENT_ERRORS as exc:
                 # This message fails however often it is tried (a requeued one comes
                 # straight back): keep it on the dead-letter queue instead.
@@ -202,6 +202,7 @@ class ResumeConsumer(ConsumerMixin):
         )
         if isinstance(parsed, ParseFailure):
             self.rt.publisher.dead_letter(raw, parsed.reason, headers)
+            log.warning("kept an unreadable decision on %s: %s", DECISIONS_DEAD.name, parsed.reason)
             event: EventBase = DecisionRejected(
                 decision_id=parsed.decision_id,
                 error=ErrorInfo(status=Status.INVALID_ARGUMENT, message=parsed.reason),
@@ -340,6 +341,25 @@ class ResumeConsumer(ConsumerMixin):
             return self._repeat(earlier)
         self.rt.publisher.publish_event(event)
         return event
+
+
+def _log_outcome(event: EventBase) -> None:
+    """One line per decision handled, for the operator: what became of it."""
+    if isinstance(event, DecisionAccepted):
+        log.info(
+            "decision %s accepted: snapshot %s resumes as turn %s",
+            event.decision_id,
+            event.snapshot_id,
+            event.turn_id,
+        )
+    elif isinstance(event, DecisionRejected):
+        log.info(
+            "decision %s rejected (snapshot %s): %s: %s",
+            event.decision_id or "(without an id)",
+            event.snapshot_id,
+            event.error.status.value,
+            event.error.message,
+        )
 
 
 def _ids(decision: Decision) -> dict[str, Any]:

@@ -107,6 +107,9 @@ def worker(
         }
     )
     sys.stdout.flush()
+    # Celery prints its banner and shutdown lines on stdout: they go with its log, so
+    # that stdout holds JSON lines only, as for every command.
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     argv = [
         sys.executable,
         "-m",
