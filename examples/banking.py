@@ -1,7 +1,8 @@
 """The banking agent of Genkit's agent-interrupts example: a money transfer that pauses
 for a human's approval.
 
-    from examples.banking import ai, bankingAgent, transferMoney
+    from examples.banking import ApprovalReply, bankingAgent, transferMoney
+    from interlock import ToolResume
     out = bankingAgent.run_text("Transfer $500 to savings.")
     part = out.interrupts[0]
     reply = transferMoney.resume(part, ApprovalReply(approved=True))

@@ -270,7 +270,12 @@ def test_a_broken_app_module_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "raises.py").write_text("x = 1\nraise RuntimeError('boom at import')\n")
     (tmp_path / "badsyntax.py").write_text("def f(:\n    pass\n")
     (tmp_path / "noai.py").write_text("from interlock import Interlock\nother = Interlock()\n")
+    (tmp_path / "needs.py").write_text("x = 1\nimport no_such_dependency_xyz\n")
     cases = [
+        ("needs", "INVALID_ARGUMENT: app module 'needs' failed to import: ModuleNotFoundError: "
+         "No module named 'no_such_dependency_xyz' (", "needs.py, line 2)"),
+        (":ai", "INVALID_ARGUMENT: --app ':ai' names no module: pass MODULE:OBJ", "banking:ai)"),
+        ("nosuch_app_module", "NOT_FOUND: cannot import app module 'nosuch_app_module'", ""),
         ("raises", "INVALID_ARGUMENT: app module 'raises' failed to import: "
          "RuntimeError: boom at import (", "raises.py, line 2)"),
         ("badsyntax", "INVALID_ARGUMENT: app module 'badsyntax' failed to import: SyntaxError:",
@@ -389,3 +394,32 @@ def test_decide_wait_with_no_consumer_says_what_it_waited_for(tmp_path: Path) ->
         f"error: DEADLINE_EXCEEDED: no outcome of decision {decision_id} within 1s: are "
         "`interlock worker` and `interlock resume-consumer` running on this broker and store?"
     ), result.describe()
+
+
+def test_a_store_whose_folder_or_server_is_not_there_is_said_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """`migrate` names the missing folder (SQLite says only "unable to open database
+    file"); `health` says the folder does not exist, and a PostgreSQL server that is
+    not there in one line, without SQLAlchemy's hints and links."""
+    store = tmp_path / "nope" / "x.db"
+    made = run_cli("migrate", "--store", f"sqlite:///{store}")
+    assert made.returncode == 1, made.describe()
+    assert made.stderr.strip() == (
+        f"error: NOT_FOUND: no folder {store.parent} for the store {store}: make it, or "
+        "check --store or INTERLOCK_STORE_URL"
+    )
+    assert not store.parent.exists()
+    broker = ["--broker", f"redis://127.0.0.1:{free_port()}/0"]
+    checked = run_cli("health", "--store", f"sqlite:///{store}", *broker)
+    [report] = checked.json_lines()
+    assert report["store"] == (
+        f"error: NOT_FOUND: no store at {store}, and {store.parent} does not exist"
+    )
+    down = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x"
+    checked = run_cli("health", "--store", down, *broker)
+    assert checked.returncode == 1, checked.describe()
+    [report] = checked.json_lines()
+    assert report["store"].startswith("error: connection failed: "), report
+    assert "\n" not in report["store"] and "sqlalche.me" not in report["store"], report
+    assert len(checked.stderr.strip().splitlines()) == 1, checked.describe()

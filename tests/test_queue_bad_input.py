@@ -74,7 +74,13 @@ def test_wrong_resume_token_is_permission_denied(dash: Dashboard) -> None:
     assert (event.snapshot_id, event.decision_id) == (paused.snapshot_id, body["decision_id"])
     missing = decision(paused.snapshot_id, None, restart=restart_all(paused))
     missing.pop("resume_token")
-    rejected(dash, missing, Status.PERMISSION_DENIED)
+    rejected(
+        dash,
+        missing,
+        Status.PERMISSION_DENIED,
+        f"the decision has no resume_token for snapshot {paused.snapshot_id}: send the one "
+        "its turn.interrupted event carries",
+    )
     still_answerable(dash, paused)
 
 

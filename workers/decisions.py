@@ -189,7 +189,10 @@ def evaluate(rt: Runtime, decision: Decision, snapshot: Snapshot | None) -> Turn
     if paused and not token_matches(decision.resume_token, snapshot.resume_token_hash):
         raise StatusError(
             Status.PERMISSION_DENIED,
-            f"resume_token does not match snapshot {snapshot.snapshot_id}",
+            f"resume_token does not match snapshot {snapshot.snapshot_id}"
+            if decision.resume_token
+            else f"the decision has no resume_token for snapshot {snapshot.snapshot_id}: "
+            "send the one its turn.interrupted event carries",
         )
     check_resumable(snapshot, claimed_by=decision.decision_id)
     agent = rt.agent(snapshot.agent).with_store(_Preloaded(rt.store, snapshot))

@@ -21,6 +21,11 @@ def load_registry(spec: str | None) -> Interlock:
             "no app given: pass --app MODULE:OBJ (e.g. examples.banking:ai) or set INTERLOCK_APP",
         )
     module_name, _, attr = spec.partition(":")
+    if not module_name.strip():
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"--app {spec!r} names no module: pass MODULE:OBJ (e.g. examples.banking:ai)",
+        )
     if "" not in sys.path and os.getcwd() not in sys.path:
         # As `celery -A` does: a module in the directory the command runs in is found
         # (a console script's path starts at its own directory, not this one).
@@ -28,6 +33,11 @@ def load_registry(spec: str | None) -> Interlock:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if not _is_the_app(exc, module_name):  # found, but an import inside it failed
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                f"app module {module_name!r} failed to import: {_where(exc)}",
+            ) from exc
         raise StatusError(
             Status.NOT_FOUND, f"cannot import app module {module_name!r}: {exc}"
         ) from exc
@@ -50,6 +60,15 @@ def load_registry(spec: str | None) -> Interlock:
             f"{spec!r} is not an Interlock registry (got {type(registry).__name__})",
         )
     return registry
+
+
+def _is_the_app(exc: ImportError, module_name: str) -> bool:
+    """Whether the module not found is the app module (or a package on its way), not
+    one that the app module imports."""
+    missing = getattr(exc, "name", None)
+    if not isinstance(exc, ModuleNotFoundError) or missing is None:
+        return False
+    return module_name == missing or module_name.startswith(f"{missing}.")
 
 
 def _where(exc: Exception) -> str:

@@ -15,12 +15,14 @@ from interlock import Status, StatusError
 from ..settings import redact_url
 from .base import (
     broker_option,
+    check_sqlite_folder,
     clear_errors,
     emit,
     fail,
     main,
     missing_sqlite_file,
     no_tables,
+    one_line,
     read_store,
     settings_of,
     shared_broker,
@@ -120,6 +122,7 @@ def migrate(store: str | None) -> None:
     from interlock.stores.sql_journal import SqlTurnJournal
 
     settings = settings_of(store=store)
+    check_sqlite_folder(settings.store_url)
     sql = SqlSessionStore(settings.store_url)
     try:
         Outbox(sql).close()
@@ -168,10 +171,14 @@ def health(
             conn.ensure_connection(max_retries=1)
         report["broker"] = "ok"
     except Exception as exc:
-        report["broker"] = f"error: {exc}"
+        report["broker"] = f"error: {one_line(exc)}"
     try:
         missing = missing_sqlite_file(settings.store_url)
         if missing is not None:  # connecting would make it: usable if it can be made
+            if not missing.parent.is_dir():
+                raise StatusError(
+                    Status.NOT_FOUND, f"no store at {missing}, and {missing.parent} does not exist"
+                )
             if not os.access(missing.parent, os.W_OK):
                 raise StatusError(
                     Status.NOT_FOUND, f"no store at {missing}, and {missing.parent} is not writable"
@@ -183,7 +190,7 @@ def health(
             engine.dispose()
         report["store"] = "ok"
     except Exception as exc:
-        report["store"] = f"error: {exc}"
+        report["store"] = f"error: {one_line(exc)}"
     if heartbeat_file:
         path = Path(heartbeat_file)
         age = time.time() - path.stat().st_mtime if path.exists() else None

@@ -70,6 +70,14 @@ def clear_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def one_line(exc: BaseException) -> str:
+    """The first line of what `exc` says (of the driver's own error, for SQLAlchemy's,
+    without its "Background on this error" link)."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return (text.splitlines() or [type(exc).__name__])[0]
+
+
 def unreachable(exc: Exception) -> str | None:
     """One line saying which service cannot be reached or used, when `exc` says so
     (kombu's and SQLAlchemy's errors are no `OSError`)."""
@@ -82,7 +90,7 @@ def unreachable(exc: Exception) -> str | None:
     if isinstance(exc, BrokerError | RedisDown | RedisSlow):  # redis-py's, unwrapped
         return f"cannot reach the broker: {exc}"
     if isinstance(exc, DBAPIError):
-        first = (str(exc.orig or exc).strip().splitlines() or [""])[0]
+        first = one_line(exc)
         if isinstance(exc, StoreError):
             return f"cannot reach the store: {first}"
         # A file that is no database, tables of another program: the store is unusable.
@@ -120,6 +128,18 @@ def no_tables(sql: SqlSessionStore, url: str) -> str | None:
     return f"the store at {redact_url(url)} has no Interlock tables (check --store or " + (
         "INTERLOCK_STORE_URL; `interlock migrate` makes them)"
     )
+
+
+def check_sqlite_folder(url: str) -> None:
+    """NOT_FOUND, naming it, when the folder of a SQLite store that is not there yet
+    does not exist (SQLite would say only "unable to open database file")."""
+    path = missing_sqlite_file(url)
+    if path is not None and not path.parent.is_dir():
+        raise StatusError(
+            Status.NOT_FOUND,
+            f"no folder {path.parent} for the store {path}: make it, or check --store or "
+            "INTERLOCK_STORE_URL",
+        )
 
 
 def missing_sqlite_file(url: str) -> Path | None:

@@ -17,6 +17,7 @@ from .base import (
     app_option,
     broker_option,
     burst_option,
+    check_sqlite_folder,
     clear_errors,
     emit,
     idle_option,
@@ -164,6 +165,7 @@ def _reach_store(settings: Settings) -> None:
     `clear_errors` says in one line."""
     from interlock import SqlSessionStore
 
+    check_sqlite_folder(settings.store_url)
     SqlSessionStore(settings.store_url).dispose()
 
 
