@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,20 @@ def test_command_exists_in_cli(service: str, argv: list[str]) -> None:
     assert not unknown, f"{service}: `interlock {argv[1]}` has no option {unknown}"
     ctx = sub.make_context(argv[1], list(argv[2:]), resilient_parsing=False)
     assert ctx.params is not None
+
+
+def test_one_install_at_a_time_before_the_services_start() -> None:
+    """Only the one-shot `migrate` installs the project, into the virtualenv on the
+    `venv` volume; the worker and the resume consumer wait for it to finish and run from
+    that virtualenv (two installs at once used to race on the mounted checkout)."""
+    services = COMPOSE["services"]
+    assert "venv" in COMPOSE["volumes"]
+    installs = [n for n, s in services.items() if "pip install" in json.dumps(s.get("command"))]
+    assert installs == ["migrate"], installs
+    for name in ("migrate", "worker", "resume-consumer"):
+        service = services[name]
+        assert "venv:/venv" in service["volumes"], name
+        assert service["environment"]["PATH"].startswith("/venv/bin:"), name
+    for name in ("worker", "resume-consumer"):
+        wait = services[name]["depends_on"]["migrate"]["condition"]
+        assert wait == "service_completed_successfully", name
