@@ -418,3 +418,23 @@ def test_what_is_retried_follows_the_code_and_the_servers_word(
     finally:
         model.close()
     assert len(server.requests) == (2 if retried else 1)
+
+
+def test_streamed_content_sent_as_parts_is_text(server: FakeLLMServer) -> None:
+    """Some compatible servers stream `content` as a list of parts, as they answer."""
+    server.push(
+        openai_stream(
+            [
+                openai_chunk({"role": "assistant", "content": [{"type": "text", "text": "Hel"}]}),
+                openai_chunk({"content": [{"type": "text", "text": "lo"}]}, "stop"),
+            ]
+        )
+    )
+    chunks: list[Any] = []
+    model = openai_model(server)
+    try:
+        out = model.generate(ask("Hi"), chunks.append)
+    finally:
+        model.close()
+    assert out.message.text == "Hello"
+    assert [c.text for c in chunks] == ["Hel", "lo"]

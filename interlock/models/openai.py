@@ -631,6 +631,8 @@ class _StreamState:
                 self.reasoning.append(reasoning)
                 emit(ModelChunk(role="model", content=[Part(reasoning=reasoning)]))
             content = delta.get("content")
+            if isinstance(content, list):  # some compatible servers stream parts
+                content = "".join(c.get("text", "") for c in content if isinstance(c, dict))
             if isinstance(content, str) and content:
                 self.text.append(content)
                 emit(ModelChunk(role="model", content=[Part(text=content)]))
