@@ -56,14 +56,12 @@ class _Base:
 
 
 def _store_unavailable(exc: BaseException) -> bool:
-    """True for an error of the SQL store's connection (lost, refused, timed out): it
-    says nothing of the turn, whose run is then retried rather than ended as failed.
-    Tools' and models' errors reach here as `StatusError`s, never as these."""
-    try:
-        from sqlalchemy.exc import OperationalError
-    except ImportError:  # pragma: no cover - SQLAlchemy comes with sqlmodel
-        return False
-    return isinstance(exc, OperationalError)
+    """True for an error of the SQL store (`is_store_failure`): it says nothing of the
+    turn, whose run is then retried rather than ended as failed. Tools' and models'
+    errors reach here as `StatusError`s, never as these."""
+    from .stores.failures import is_store_failure
+
+    return is_store_failure(exc)
 
 
 def _new_id() -> str:

@@ -369,3 +369,40 @@ def test_a_bad_line_sends_no_turn_at_all(batch: Batch, tmp_path: Path) -> None:
     assert f"error: INVALID_ARGUMENT: {turns}, line 3: not a JSON object" in result.stderr
     assert result.json_lines() == [], "nothing was sent"
     assert batch.waiting() == 0
+
+
+def test_a_turn_whose_store_fails_at_every_try_is_kept_on_the_dead_letter_queue(
+    batch: Batch, tmp_path: Path
+) -> None:
+    """Retries do not go on for ever (a tool whose outcome cannot be journaled would run
+    at each): past `STORE_RETRIES` the task is kept on `interlock.turns.dead`, with the
+    reason and the turn's request, and ends; nothing is dropped."""
+    from events.topology import TURNS_DEAD
+    from interlock import AgentInput, Message, Part
+    from workers.app import RUN_TURN, STORE_RETRIES, create_app
+    from workers.settings import Settings
+    from workers.turns import new_turn_request
+
+    wrong = tmp_path / "wrong.db"
+    wrong.write_bytes(NOT_A_DATABASE)
+    app = create_app(Settings(broker_url=batch.server.url, store_url=f"sqlite:///{wrong}", app=APP))
+    said = AgentInput(message=Message(role="user", content=[Part(text="Transfer $4 to x")]))
+    request = new_turn_request("bankingAgent", said).model_dump(mode="json")
+    # Run eagerly, each retry runs at once: from the 5th try (past Celery's default of 3
+    # retries, which `retry(max_retries=None)` falls back to) to the last.
+    ran = app.tasks[RUN_TURN].apply(args=[request], retries=4)
+    assert isinstance(ran.result, dict), ran.result
+    assert ran.result["turn_id"] == request["turn_id"], ran.result
+    assert "file is not a database" in ran.result["dead_lettered"]
+    dead = batch.conn.SimpleQueue(TURNS_DEAD)
+    try:
+        message = dead.get(timeout=10)
+        envelope = json.loads(message.body)
+        message.ack()
+    finally:
+        dead.close()
+    assert envelope["turn_id"] == request["turn_id"]
+    assert envelope["reason"].startswith(
+        f"the store or broker failed {STORE_RETRIES + 1} times: DatabaseError: file is not a"
+    ), envelope["reason"]
+    assert json.loads(envelope["body"]) == {"args": [request], "kwargs": {}}

@@ -35,10 +35,12 @@ from interlock import (
     Part,
     Status,
     ToolDefinition,
+    ToolFailedError,
     ToolRequest,
+    status_of,
 )
 from interlock.models import ModelError, RetryPolicy
-from interlock.models._wire import object_schema
+from interlock.models._wire import object_schema, wrapped_tools
 from interlock.models.openai import OpenAIModel
 
 FAST = RetryPolicy(attempts=3, initial_delay=0.01, max_delay=0.02)
@@ -438,3 +440,68 @@ def test_streamed_content_sent_as_parts_is_text(server: FakeLLMServer) -> None:
         model.close()
     assert out.message.text == "Hello"
     assert [c.text for c in chunks] == ["Hel", "lo"]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "json"])
+def test_a_string_tool_never_runs_on_malformed_arguments(
+    stream: bool,
+    server: FakeLLMServer,
+    registries: list[Interlock],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Arguments cut short (a reply that ran out of tokens) are kept as their raw
+    string: a tool that takes a string must not take that string for its input."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{server.url}/v1")
+    agent, runs = shouting_agent("openai/gpt-4o-mini", registries, stream)
+    server.push(openai_tool_calls(("shout", '{"input": "transfer $50', "call_1")))
+    with pytest.raises(ToolFailedError) as info:
+        agent.run_text("Shout it")
+    assert runs == [], "the tool never ran"
+    assert status_of(info.value) is Status.INVALID_ARGUMENT, info.value
+
+
+def test_fragments_repeating_their_id_and_name_join_one_call(server: FakeLLMServer) -> None:
+    """Some servers repeat the call's id and name in every fragment, without an index:
+    a fragment that names the call again continues it until its arguments are whole."""
+    pieces = ["", '{"le', 'ft":', "7}"]
+    fragments = [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": p}}
+        for p in pieces
+    ]
+    server.push(
+        openai_stream([openai_chunk({"role": "assistant", "tool_calls": [f]}) for f in fragments])
+    )
+    out = generate(server, ask("7?", [ADD]))
+    assert [p.tool_request for p in out.message.content] == [
+        ToolRequest(name="add", ref="c1", input={"left": 7})
+    ]
+
+
+def test_object_schemas_in_other_shapes_are_not_wrapped_and_draft7_refs_resolve() -> None:
+    """A hand-written object schema without `type`, and a recursive model (pydantic puts
+    a `$ref` on top), are objects: sent as objects (the latter inlined), not wrapped.
+    A wrapped schema's draft-07 `definitions` move to the top, as `$defs` do."""
+
+    class Node(BaseModel):
+        name: str
+        children: list[Node] = []
+
+    untyped = {"properties": {"a": {"type": "string"}}}
+    assert object_schema(untyped) == untyped
+    recursive = Node.model_json_schema()
+    assert "$ref" in recursive, recursive
+    sent = object_schema(recursive)
+    assert sent["type"] == "object" and "$ref" not in sent
+    assert sent["properties"] == recursive["$defs"]["Node"]["properties"]
+    assert sent["$defs"] == recursive["$defs"]
+    draft7 = {
+        "anyOf": [{"$ref": "#/definitions/A"}, {"type": "null"}],
+        "definitions": {"A": {"type": "object"}},
+    }
+    wrapped = object_schema(draft7)
+    assert wrapped["definitions"] == draft7["definitions"]
+    assert wrapped["properties"]["input"] == {"anyOf": draft7["anyOf"]}
+    definitions = [ToolDefinition(name=n, input_schema=s) for n, s in
+                   (("u", untyped), ("r", recursive), ("d", draft7))]  # fmt: skip
+    assert wrapped_tools(definitions) == frozenset({"d"})

@@ -85,3 +85,37 @@ def test_urls_are_shown_without_their_password(url: str, shown: str) -> None:
     from workers.settings import redact_url
 
     assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0",
+        "redis://h1:6379/0;redis://h2:6379/0",
+        "amqp://h1:5672;amqp://h2:5672//",
+        "sentinel://h1:26379;sentinel://h2:26379",
+        "redis+socket:///tmp/redis.sock",
+    ],
+)
+def test_broker_urls_and_failover_lists_kombu_takes_are_accepted(url: str) -> None:
+    from workers.settings import check_broker_url
+
+    check_broker_url(url)  # raises on a URL it refuses
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("redis://h:99999/0", "has a bad port: Port out of range 0-65535"),
+        ("redis://h:6379/abc", "names Redis database 'abc', which is no number"),
+        ("redis://h1:6379/0;redis://h2:x/0", "has a bad port"),
+    ],
+)
+def test_broker_urls_with_a_bad_port_or_database_are_refused(url: str, reason: str) -> None:
+    from interlock import Status, StatusError
+    from workers.settings import check_broker_url
+
+    with pytest.raises(StatusError) as info:
+        check_broker_url(url)
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert reason in info.value.message, info.value.message

@@ -507,6 +507,7 @@ def test_store_and_broker_errors_are_retried_but_those_the_turn_causes_are_answe
     from kombu.exceptions import OperationalError as BrokerDown
     from sqlalchemy import exc as db
 
+    from interlock.agent import _store_unavailable
     from workers.turns import retried
 
     def wrapped(kind: type[db.DBAPIError]) -> db.DBAPIError:
@@ -514,6 +515,9 @@ def test_store_and_broker_errors_are_retried_but_those_the_turn_causes_are_answe
 
     for store_trouble in (db.OperationalError, db.DatabaseError, db.ProgrammingError):
         assert retried(wrapped(store_trouble)), store_trouble
+        # The agent agrees: it keeps no failed snapshot for these, the retry goes on.
+        assert _store_unavailable(wrapped(store_trouble)), store_trouble
+    assert not _store_unavailable(wrapped(db.IntegrityError))
     assert retried(db.TimeoutError("QueuePool limit reached"))
     assert retried(BrokerDown("connection refused"))
     for caused_by_the_turn in (db.DataError, db.IntegrityError):

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import Reject, Retry
 from celery.signals import before_task_publish
+from celery.utils.time import get_exponential_backoff_interval
 
-from events.topology import TURNS, TURNS_QUEUE
+from events.topology import TURNS, TURNS_DEAD, TURNS_QUEUE
 from interlock import Interlock
+from interlock.stores.failures import first_line as one_line
 from schemas import TurnRequest
 
 from .runtime import Runtime
 from .settings import Settings
-from .turns import RETRIED, TurnBusy, run_task
+from .turns import RETRIED, TurnBusy, retried, run_task
 
 __all__ = ["RUN_TURN", "create_app", "delivery_config", "runtime_of", "send_turn", "turn_summary"]
 
 RUN_TURN = "interlock.run_turn"
+
+log = logging.getLogger("interlock.worker")
 
 
 def delivery_config(settings: Settings) -> dict[str, Any]:
@@ -57,24 +64,69 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
     runtime = Runtime(settings, registry)
     app.interlock_runtime = runtime
 
-    @app.task(  # type: ignore[untyped-decorator]
-        name=RUN_TURN,
-        bind=True,
-        autoretry_for=RETRIED,
-        retry_backoff=True,
-        retry_backoff_max=30,
-        max_retries=None,  # until the store and the broker are back: never dropped
-    )
+    # max_retries=None: `retry(max_retries=None)` falls back to the task's own (3 by
+    # default); this task counts its store retries itself (`STORE_RETRIES`).
+    @app.task(name=RUN_TURN, bind=True, max_retries=None)  # type: ignore[untyped-decorator]
     def run_turn_task(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         try:
             return run_task(runtime, args, kwargs)
         except TurnBusy as busy:
             # Never two runs of one turn at once: look again once the lease may be free.
-            raise self.retry(
-                exc=busy, countdown=busy_retry_countdown(settings), max_retries=None
-            ) from busy
+            raise _again(self, busy, busy_retry_countdown(settings)) from busy
+        except RETRIED as exc:
+            if not retried(exc):
+                raise
+            tries = int(self.request.retries or 0)
+            if tries >= STORE_RETRIES:
+                return _keep_dead(runtime, args, kwargs, exc, tries)
+            countdown = get_exponential_backoff_interval(1, tries, 30, full_jitter=True)
+            log.warning(
+                "turn task %s: %s: %s; trying again in %.0f s (retry %d of %d)",
+                self.request.id, type(exc).__name__, one_line(exc), countdown, tries + 1,
+                STORE_RETRIES,
+            )  # fmt: skip
+            raise _again(self, exc, countdown) from exc
 
     return app
+
+
+STORE_RETRIES = 60
+"""Retries of a turn whose store or broker fails (backing off to at most 30 s, about a
+quarter of an hour in all): enough for a restart or a failover. A failure that lasts
+longer (a store that is no database, an error that every try meets) then keeps the
+task on `interlock.turns.dead`, with the reason, rather than retrying for ever (a tool
+whose outcome cannot be journaled would run at every try)."""
+
+
+def _again(task: Any, exc: BaseException, countdown: float) -> BaseException:
+    """Celery's retry, except that a retry that cannot be published (the broker is
+    away) leaves the message on its queue (requeued) instead of dropping it."""
+    try:
+        retry: BaseException = task.retry(exc=exc, countdown=countdown, max_retries=None)
+        return retry
+    except Reject as reject:
+        if getattr(reject, "requeue", False):
+            raise
+        raise Reject(reject.reason, requeue=True) from exc
+    except Retry as raised:  # what `retry` raises (throw=True): raised by the caller
+        again: BaseException = raised
+        return again
+
+
+def _keep_dead(
+    runtime: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException, tries: int
+) -> dict[str, Any]:
+    """Keep a turn whose store or broker failed at every try on `interlock.turns.dead`,
+    with the reason (its body the task's arguments, as JSON), and end the task."""
+    reason = f"the store or broker failed {tries + 1} times: {type(exc).__name__}: {one_line(exc)}"
+    body = json.dumps({"args": list(args), "kwargs": kwargs}, default=str).encode()
+    request = args[0] if args else kwargs.get("request")
+    turn_id = request.get("turn_id") if isinstance(request, dict) else None
+    runtime.publisher.dead_letter(
+        body, reason[:2000], {"task": RUN_TURN}, queue=TURNS_DEAD, turn_id=turn_id
+    )
+    log.error("turn %s kept on %s, not run: %s", turn_id, TURNS_DEAD.name, reason)
+    return {"turn_id": turn_id, "dead_lettered": reason}
 
 
 def busy_retry_countdown(settings: Settings) -> float:

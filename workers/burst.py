@@ -62,7 +62,9 @@ class WorkerBurst:
         self._thread.start()
 
     def busy(self) -> bool:
-        return bool(state.active_requests or state.reserved_requests) or self._waiting() > 0
+        held = state.active_requests or state.reserved_requests
+        scheduled = getattr(state, "scheduled_requests", ())  # retries' countdowns (5.5+)
+        return bool(held or scheduled) or self._waiting() > 0
 
     def _waiting(self) -> int:
         if self._channel is None:

@@ -149,9 +149,10 @@ class ResumeConsumer(ConsumerMixin):
 
     def _process(self, message: KombuMessage, headers: dict[str, Any]) -> None:
         body = message.body
+        outcome: EventBase | None = None
         try:
             try:
-                _log_outcome(self.handle(body, message.content_type, headers))
+                outcome = self.handle(body, message.content_type, headers)
             except _CONTENT_ERRORS as exc:
                 # This message fails however often it is tried (a requeued one comes
                 # straight back): keep it on the dead-letter queue instead.
@@ -169,6 +170,8 @@ class ResumeConsumer(ConsumerMixin):
         message.ack()
         self.failing = 0
         self.handled += 1
+        if outcome is not None:  # logged once it is settled: a log never requeues it
+            _log_outcome(outcome)
 
     def unprocessable(self, body: bytes | str, headers: dict[str, Any], exc: Exception) -> None:
         """Dead-letter a message that raised, and reject it (INTERNAL), recorded as its

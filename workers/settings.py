@@ -142,9 +142,14 @@ class Settings:
 
 def check_broker_url(url: str) -> None:
     """A broker URL's scheme must name a kombu transport (`redis://`, `amqp://`,
-    `memory://`, ...)."""
+    `memory://`, ...), its port be a port, and a Redis URL's database a number; each
+    URL of a failover list (`URL;URL`) alike."""
     from kombu.transport import resolve_transport
 
+    if ";" in url:  # kombu's failover list: each URL in turn
+        for one in url.split(";"):
+            check_broker_url(one.strip())
+        return
     scheme, sep, _ = url.partition("://")
     name = scheme.partition("+")[0]
     try:

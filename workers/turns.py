@@ -12,11 +12,12 @@ from typing import Any
 
 from kombu.exceptions import OperationalError as BrokerUnavailable
 from pydantic import ValidationError
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from interlock import AgentInput, InterlockError, Status, StatusError
 from interlock.journal import TurnJournal
+from interlock.stores.failures import is_store_failure
 from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, TurnStartKind
 from interlock.tools import brief
 from schemas import SnapshotStatus, TurnFailed, TurnRequest
@@ -43,19 +44,15 @@ def new_turn_request(
 
 
 RETRIED: tuple[type[Exception], ...] = (DBAPIError, PoolTimeout, BrokerUnavailable)
-"""Errors of the store or the broker (unreachable, or unusable: a file that is no
-database, a table missing): `interlock.run_turn` is retried on them, backing off to 30
-s, until they are gone (the turn then goes on where it stood), never dropped. Any other
-error of the turn is its answer (`turn.failed`), as is a value the database refuses or
-a constraint it enforces (`_CAUSED_BY_THE_TURN`)."""
-
-_CAUSED_BY_THE_TURN: tuple[type[Exception], ...] = (DataError, IntegrityError)
-"""Database errors a turn's own content or logic causes: retrying cannot help."""
+"""The errors `retried` may leave to a retry of `interlock.run_turn`: of the store
+(unreachable, or unusable: a file that is no database, a table missing) and of the
+broker. The turn then goes on where it stood. Any other error of the turn is its answer
+(`turn.failed`), as is a value the database refuses or a constraint it enforces."""
 
 
 def retried(exc: BaseException) -> bool:
     """Whether `exc` leaves the turn to a retry of its task, not answered."""
-    return isinstance(exc, RETRIED) and not isinstance(exc, _CAUSED_BY_THE_TURN)
+    return isinstance(exc, BrokerUnavailable) or is_store_failure(exc)
 
 
 class TurnBusy(Exception):

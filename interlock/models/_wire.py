@@ -79,24 +79,47 @@ def object_schema(schema: dict[str, Any] | None) -> dict[str, Any]:
     `unwrap_input` takes it out of the model's arguments again."""
     if not schema:
         return {"type": "object", "properties": {}}
+    target = _referred(schema)
+    if target is not None and _is_object(target):  # a recursive model: `$ref` on top
+        inline = {k: v for k, v in schema.items() if k != "$ref"}
+        return {**target, **inline, "type": "object"}
     if not _wraps(schema):
         return dict(schema)
     inner = dict(schema)
-    defs = inner.pop("$defs", None)  # `#/$defs/...` refs resolve from the top level
     wrapped: dict[str, Any] = {
         "type": "object",
         "properties": {WRAPPED_INPUT: inner},
         "required": [WRAPPED_INPUT],
     }
-    if defs is not None:
-        wrapped["$defs"] = defs
+    for key in _DEFINITIONS:  # `#/$defs/...` refs resolve from the top level
+        if key in inner:
+            wrapped[key] = inner.pop(key)
     return wrapped
+
+
+_DEFINITIONS = ("$defs", "definitions")
+
+
+def _referred(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """The definition a schema's top-level `$ref` names (`#/$defs/X`), if it has one."""
+    ref = schema.get("$ref")
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return None
+    where, _, name = ref[2:].partition("/")
+    found = schema.get(where, {}).get(name) if where in _DEFINITIONS else None
+    return found if isinstance(found, dict) else None
+
+
+def _is_object(schema: dict[str, Any]) -> bool:
+    kind = schema.get("type")
+    return kind == "object" or (kind is None and "properties" in schema)
 
 
 def _wraps(schema: dict[str, Any] | None) -> bool:
     if not schema:
         return False
-    return schema.get("type") != "object"
+    target = _referred(schema)
+    return not _is_object(target if target is not None else schema)
 
 
 def wrapped_tools(tools: Sequence[Any]) -> frozenset[str]:
@@ -104,13 +127,22 @@ def wrapped_tools(tools: Sequence[Any]) -> frozenset[str]:
     return frozenset(t.name for t in tools if _wraps(t.input_schema))
 
 
+UNREADABLE_ARGUMENTS = "unreadableArguments"
+"""The one field of what a tool in `wrapped` is given when the model's arguments were no
+object (malformed JSON kept as its raw string, say): a tool taking a string would
+otherwise run on that string."""
+
+
 def unwrap_input(value: Any, name: str, wrapped: frozenset[str]) -> Any:
     """A tool call's input as the tool takes it: out of its `input` field for a tool in
-    `wrapped`; anything else (another tool, or arguments without that field) as it is,
-    for the tool's validation to judge."""
-    if name in wrapped and isinstance(value, dict) and WRAPPED_INPUT in value:
-        return value[WRAPPED_INPUT]
-    return value
+    `wrapped` (arguments that are no object are put where no string, number or list
+    input takes them, `{UNREADABLE_ARGUMENTS: ...}`); for any other tool, or an object
+    without that field, as it is, for the tool's validation to judge."""
+    if name not in wrapped:
+        return value
+    if isinstance(value, dict):
+        return value.get(WRAPPED_INPUT, value)
+    return {UNREADABLE_ARGUMENTS: value}
 
 
 def parse_arguments(raw: Any, *, tool: str, ref: str, model: str) -> Any:

@@ -605,6 +605,17 @@ class _Call:
     arguments: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def whole(self) -> bool:
+        """Whether the arguments so far are complete JSON (none yet: not whole)."""
+        text = "".join(self.arguments)
+        if not text.strip():
+            return False
+        try:
+            json.loads(text)
+        except ValueError:
+            return False
+        return True
+
 
 @dataclass
 class _StreamState:
@@ -649,15 +660,15 @@ class _StreamState:
         index = tc.get("index")
         fn = tc.get("function") or {}
         if not isinstance(index, int):
-            # Servers that send each call whole, without an index: a new id or a name
-            # (a call's first fragment; later ones carry only arguments) starts a new
-            # call. Some send empty or repeated ids ("", or the function's name).
+            # Servers that send calls without an index: a new id starts a new call; so
+            # does a name once the call before is whole (its arguments complete JSON),
+            # for servers whose ids are empty or repeated ("", or the function's name),
+            # while one that repeats the id and name in every fragment goes on joining.
             known = [c.id for c in self.calls.values()]
-            fresh = tc.get("id") and tc["id"] not in known
-            if not self.calls or fresh or fn.get("name"):
-                index = len(self.calls)
-            else:
-                index = max(self.calls)
+            fresh = bool(tc.get("id")) and tc["id"] not in known
+            last = self.calls[max(self.calls)] if self.calls else None
+            named = bool(fn.get("name")) and last is not None and last.whole()
+            index = len(self.calls) if not self.calls or fresh or named else max(self.calls)
         call = self.calls.setdefault(index, _Call())
         if tc.get("id"):
             call.id = tc["id"]

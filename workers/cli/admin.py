@@ -11,6 +11,7 @@ import click
 from kombu.connection import Connection
 
 from interlock import Status, StatusError
+from interlock.stores.failures import first_line as one_line
 
 from ..settings import redact_url
 from .base import (
@@ -22,7 +23,6 @@ from .base import (
     main,
     missing_sqlite_file,
     no_tables,
-    one_line,
     read_store,
     settings_of,
     shared_broker,

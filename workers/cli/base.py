@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from interlock import InterlockError, Status, StatusError, status_of
+from interlock.stores.failures import first_line as one_line
 
 from ..settings import Settings, redact_url
 
@@ -68,14 +69,6 @@ def clear_errors(fn: F) -> F:
             fail(f"UNAVAILABLE: {reason}")
 
     return wrapper  # type: ignore[return-value]
-
-
-def one_line(exc: BaseException) -> str:
-    """The first line of what `exc` says (of the driver's own error, for SQLAlchemy's,
-    without its "Background on this error" link)."""
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    return (text.splitlines() or [type(exc).__name__])[0]
 
 
 def unreachable(exc: Exception) -> str | None:

@@ -253,8 +253,8 @@ def resume_consumer(
                 reason = unreachable(failing) or f"{type(failing).__name__}: {failing}"
                 raise StatusError(
                     Status.UNAVAILABLE,
-                    f"{reason} (a decision failed {consumer.failing} times in a row; it "
-                    f"stays queued, and {consumer.handled} were handled)",
+                    f"{reason} ({consumer.failing} tries in a row failed, each decision "
+                    f"requeued, and still queued; {consumer.handled} were handled)",
                 )
             ended = "stopped" if stopped else "drained"
             emit({"resume_consumer": ended, "handled": consumer.handled})

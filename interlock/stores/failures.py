@@ -1,0 +1,27 @@
+"""Which errors of the SQL store say nothing of the turn that met them."""
+
+from __future__ import annotations
+
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+__all__ = ["first_line", "is_store_failure"]
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of what `exc` says (of the driver's own error, for SQLAlchemy's,
+    without its "Background on this error" link)."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return (text.splitlines() or [type(exc).__name__])[0]
+
+
+def is_store_failure(exc: BaseException) -> bool:
+    """True for an error of the store itself: unreachable (refused, lost, timed out,
+    the pool exhausted) or unusable (a file that is no database, a table missing or
+    not permitted). The turn is then retried, not ended as failed. A value the database
+    refuses or a constraint it enforces (`DataError`, `IntegrityError`) is the turn's
+    own doing, and so its answer."""
+    if isinstance(exc, DataError | IntegrityError):
+        return False
+    return isinstance(exc, DBAPIError | PoolTimeout)
