@@ -122,9 +122,12 @@ def _keep_dead(
     body = json.dumps({"args": list(args), "kwargs": kwargs}, default=str).encode()
     request = args[0] if args else kwargs.get("request")
     turn_id = request.get("turn_id") if isinstance(request, dict) else None
-    runtime.publisher.dead_letter(
-        body, reason[:2000], {"task": RUN_TURN}, queue=TURNS_DEAD, turn_id=turn_id
-    )
+    try:
+        runtime.publisher.dead_letter(
+            body, reason[:2000], {"task": RUN_TURN}, queue=TURNS_DEAD, turn_id=turn_id
+        )
+    except Exception as failed:  # the broker is away too: leave the task on its queue
+        raise Reject(failed, requeue=True) from exc
     log.error("turn %s kept on %s, not run: %s", turn_id, TURNS_DEAD.name, reason)
     return {"turn_id": turn_id, "dead_lettered": reason}
 
