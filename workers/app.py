@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Celery
-from celery.exceptions import Reject, Retry
+from celery.exceptions import Reject
 from celery.signals import before_task_publish
 from celery.utils.time import get_exponential_backoff_interval
 
@@ -18,7 +18,7 @@ from schemas import TurnRequest
 
 from .runtime import Runtime
 from .settings import Settings
-from .turns import RETRIED, TurnBusy, retried, run_task
+from .turns import TurnBusy, retried, run_task
 
 __all__ = ["RUN_TURN", "create_app", "delivery_config", "runtime_of", "send_turn", "turn_summary"]
 
@@ -72,8 +72,8 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
             return run_task(runtime, args, kwargs)
         except TurnBusy as busy:
             # Never two runs of one turn at once: look again once the lease may be free.
-            raise _again(self, busy, busy_retry_countdown(settings)) from busy
-        except RETRIED as exc:
+            _again(self, busy, busy_retry_countdown(settings))
+        except Exception as exc:
             if not retried(exc):
                 raise
             tries = int(self.request.retries or 0)
@@ -85,7 +85,7 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
                 self.request.id, type(exc).__name__, one_line(exc), countdown, tries + 1,
                 STORE_RETRIES,
             )  # fmt: skip
-            raise _again(self, exc, countdown) from exc
+            _again(self, exc, countdown)
 
     return app
 
@@ -98,19 +98,17 @@ task on `interlock.turns.dead`, with the reason, rather than retrying for ever (
 whose outcome cannot be journaled would run at every try)."""
 
 
-def _again(task: Any, exc: BaseException, countdown: float) -> BaseException:
-    """Celery's retry, except that a retry that cannot be published (the broker is
-    away) leaves the message on its queue (requeued) instead of dropping it."""
+def _again(task: Any, exc: BaseException, countdown: float) -> NoReturn:
+    """Celery's retry (it raises `Retry`), except that a retry that cannot be published
+    (the broker is away) leaves the message on its queue (requeued) instead of dropping
+    it."""
     try:
-        retry: BaseException = task.retry(exc=exc, countdown=countdown, max_retries=None)
-        return retry
+        task.retry(exc=exc, countdown=countdown, max_retries=None)
     except Reject as reject:
         if getattr(reject, "requeue", False):
             raise
         raise Reject(reject.reason, requeue=True) from exc
-    except Retry as raised:  # what `retry` raises (throw=True): raised by the caller
-        again: BaseException = raised
-        return again
+    raise AssertionError("Celery's retry returned instead of raising")
 
 
 def _keep_dead(

@@ -12,8 +12,6 @@ from typing import Any
 
 from kombu.exceptions import OperationalError as BrokerUnavailable
 from pydantic import ValidationError
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from interlock import AgentInput, InterlockError, Status, StatusError
 from interlock.journal import TurnJournal
@@ -26,7 +24,7 @@ from .decisions import unstorable
 from .holders import died_here
 from .runtime import Runtime
 
-__all__ = ["RETRIED", "TurnBusy", "new_turn_request", "run_task", "run_turn"]
+__all__ = ["TurnBusy", "new_turn_request", "retried", "run_task", "run_turn"]
 
 log = logging.getLogger("interlock.worker")
 
@@ -43,15 +41,12 @@ def new_turn_request(
     )
 
 
-RETRIED: tuple[type[Exception], ...] = (DBAPIError, PoolTimeout, BrokerUnavailable)
-"""The errors `retried` may leave to a retry of `interlock.run_turn`: of the store
-(unreachable, or unusable: a file that is no database, a table missing) and of the
-broker. The turn then goes on where it stood. Any other error of the turn is its answer
-(`turn.failed`), as is a value the database refuses or a constraint it enforces."""
-
-
 def retried(exc: BaseException) -> bool:
-    """Whether `exc` leaves the turn to a retry of its task, not answered."""
+    """Whether `exc` leaves the turn to a retry of its task, not answered: an error of
+    the store (unreachable, or unusable: a file that is no database, a table missing)
+    or of the broker. The turn then goes on where it stood. Any other error of the turn
+    is its answer (`turn.failed`), as is a value the database refuses or a constraint
+    it enforces."""
     return isinstance(exc, BrokerUnavailable) or is_store_failure(exc)
 
 

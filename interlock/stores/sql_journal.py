@@ -24,7 +24,7 @@ import enum
 import json
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
@@ -56,7 +56,7 @@ from sqlalchemy.sql.dml import Insert
 from schemas import Snapshot, utcnow
 
 from .fast import FastStatement
-from .sql import SqlSessionStore
+from .sql import SqlSessionStore, _from_db
 
 __all__ = [
     "REFUSED",
@@ -210,12 +210,7 @@ def refused_turns(store: SqlSessionStore, session_id: str) -> list[tuple[str, An
     )
     with store.engine.connect() as conn:
         rows = conn.execute(query).all()
-    return [(str(turn), json.loads(body), _utc(when)) for turn, body, when in rows]
-
-
-def _utc(when: datetime) -> datetime:
-    """Timezone-aware UTC (SQLite hands back naive values, which are UTC)."""
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    return [(str(turn), json.loads(body), _from_db(when)) for turn, body, when in rows]
 
 
 class SqlTurnJournal:

@@ -257,11 +257,10 @@ def audit(session_id: str, store: str | None) -> None:
     url = settings_of(store=store).store_url
     sql = read_store(url)
     try:
-        empty = no_tables(sql, url)
+        tables = store_tables(sql)
+        empty = no_tables(tables, url)
         decisions = (
-            DecisionLog(sql, create_tables=False)
-            if "interlock_decision" in store_tables(sql)
-            else None
+            DecisionLog(sql, create_tables=False) if "interlock_decision" in tables else None
         )
         entries = session_history(sql, decisions, session_id) if empty is None else []
     finally:

@@ -113,10 +113,10 @@ def store_tables(sql: SqlSessionStore) -> set[str]:
     return set(inspect(sql.engine).get_table_names())
 
 
-def no_tables(sql: SqlSessionStore, url: str) -> str | None:
-    """Why the store at `url` holds nothing yet (no snapshot table: no worker or
-    `migrate` has run on this database), else None."""
-    if "interlock_snapshot" in store_tables(sql):
+def no_tables(tables: set[str], url: str) -> str | None:
+    """Why the store at `url`, whose database holds `tables` (`store_tables`), holds
+    nothing yet (no snapshot table: no worker or `migrate` has run on it), else None."""
+    if "interlock_snapshot" in tables:
         return None
     return f"the store at {redact_url(url)} has no Interlock tables (check --store or " + (
         "INTERLOCK_STORE_URL; `interlock migrate` makes them)"

@@ -23,6 +23,7 @@ from .base import (
     settings_of,
     shared_broker,
     store_option,
+    store_tables,
     timeout_option,
     wait_option,
 )
@@ -151,7 +152,7 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
         return
     sql = SqlSessionStore(url, create_tables=False)
     try:
-        empty = no_tables(sql, url)
+        empty = no_tables(store_tables(sql), url)
         if empty is not None:
             click.echo(f"no open interrupts: {empty}", err=True)
             return
@@ -270,7 +271,7 @@ def decide(
     settings = shared_broker(settings_of(broker=broker, store=store))
     sql = read_store(settings.store_url)
     try:
-        empty = no_tables(sql, settings.store_url)
+        empty = no_tables(store_tables(sql), settings.store_url)
         snap = sql.get_snapshot(snapshot_id) if empty is None else None
     finally:
         sql.dispose()
