@@ -406,3 +406,43 @@ def test_a_turn_whose_store_fails_at_every_try_is_kept_on_the_dead_letter_queue(
         f"the store or broker failed {STORE_RETRIES + 1} times: DatabaseError: file is not a"
     ), envelope["reason"]
     assert json.loads(envelope["body"]) == {"args": [request], "kwargs": {}}
+
+
+def test_a_dead_letter_that_cannot_be_published_leaves_the_turn_on_its_queue(
+    batch: Batch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the dead letter cannot be published either (the broker is away too), the
+    task is rejected with requeue: the message goes back on `interlock.turns` rather
+    than being dropped, and no half-written dead letter is left."""
+    from celery.exceptions import Reject
+
+    from events.topology import TURNS_DEAD
+    from interlock import AgentInput, Message, Part
+    from workers.app import RUN_TURN, STORE_RETRIES, create_app, runtime_of
+    from workers.settings import Settings
+    from workers.turns import new_turn_request
+
+    wrong = tmp_path / "wrong.db"
+    wrong.write_bytes(NOT_A_DATABASE)
+    app = create_app(Settings(broker_url=batch.server.url, store_url=f"sqlite:///{wrong}", app=APP))
+    tried: list[str] = []
+
+    def broker_away(*args: Any, **kwargs: Any) -> None:
+        tried.append(str(kwargs.get("turn_id")))
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(runtime_of(app).publisher, "dead_letter", broker_away)
+    said = AgentInput(message=Message(role="user", content=[Part(text="Transfer $5 to x")]))
+    request = new_turn_request("bankingAgent", said).model_dump(mode="json")
+    ran = app.tasks[RUN_TURN].apply(args=[request], retries=STORE_RETRIES)
+    assert tried == [request["turn_id"]], "the dead letter was tried once"
+    assert ran.state == "REJECTED", (ran.state, ran.result)
+    assert isinstance(ran.result, Reject), ran.result
+    assert ran.result.requeue is True
+    assert "Connection refused" in str(ran.result.reason)
+    dead = batch.conn.SimpleQueue(TURNS_DEAD)
+    try:
+        with pytest.raises(dead.Empty):
+            dead.get(timeout=1)  # no dead letter was kept
+    finally:
+        dead.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -13,7 +14,7 @@ from kombu.message import Message as KombuMessage
 
 from events.topology import TURNS_QUEUE
 from examples.banking import ai
-from interlock import AgentInput, Message, Part
+from interlock import AgentInput, Message, Part, SqlSessionStore
 from schemas import TurnRequest
 from workers.app import RUN_TURN, create_app, send_turn
 from workers.settings import Settings
@@ -76,3 +77,23 @@ def test_a_turn_sent_by_keyword_shows_the_summary_too(redis_url: str) -> None:
         f"(turn={request.turn_id} agent=bankingAgent session=s-kw message)"
     )
     assert message.headers["kwargsrepr"] == "{}"
+
+
+def test_two_apps_in_one_process_each_run_turns_with_their_own_settings(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """A process may build more than one app (an embedding, a test): each app's task
+    runs with that app's store, not with that of the app built first."""
+    first, second = tmp_path / "first.db", tmp_path / "second.db"
+    apps = [
+        create_app(Settings(broker_url=redis_url, store_url=f"sqlite:///{db}"), ai)
+        for db in (first, second)
+    ]
+    session_id = str(uuid.uuid4())
+    hello = Message(role="user", content=[Part(text="Hello")])
+    request = new_turn_request("bankingAgent", AgentInput(message=hello), session_id=session_id)
+    ran = apps[1].tasks[RUN_TURN].apply(args=[request.model_dump(mode="json")])
+    assert ran.state == "SUCCESS", (ran.state, ran.result)
+    kept = {db.name: SqlSessionStore(f"sqlite:///{db}") for db in (first, second)}
+    assert kept["second.db"].get_latest_snapshot(session_id) is not None
+    assert kept["first.db"].get_latest_snapshot(session_id) is None

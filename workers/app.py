@@ -66,7 +66,9 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
 
     # max_retries=None: `retry(max_retries=None)` falls back to the task's own (3 by
     # default); this task counts its store retries itself (`STORE_RETRIES`).
-    @app.task(name=RUN_TURN, bind=True, max_retries=None)  # type: ignore[untyped-decorator]
+    # shared=False: a shared task joins every app finalized later in the process, and
+    # a second app would then run this one's callable, with this app's settings.
+    @app.task(name=RUN_TURN, bind=True, max_retries=None, shared=False)  # type: ignore[untyped-decorator]
     def run_turn_task(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         try:
             return run_task(runtime, args, kwargs)
