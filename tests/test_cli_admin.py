@@ -423,3 +423,26 @@ def test_a_store_whose_folder_or_server_is_not_there_is_said_in_one_line(
     assert report["store"].startswith("error: connection failed: "), report
     assert "\n" not in report["store"] and "sqlalche.me" not in report["store"], report
     assert len(checked.stderr.strip().splitlines()) == 1, checked.describe()
+
+
+def test_a_store_in_memory_is_refused_where_other_processes_would_read_it(
+    tmp_path: Path,
+) -> None:
+    """A SQLite database in memory lives inside one process: a worker, a resume consumer
+    or a migration given one would keep what no other process sees. Refused, before any
+    broker is tried, naming the URL and what to give instead; no file is made."""
+    flags = ["--app", "examples.banking:ai", "--broker", "redis://127.0.0.1:1/0"]
+    for store in ("sqlite://", "sqlite:///:memory:", "sqlite:///file:mem?mode=memory&uri=true"):
+        for args in (
+            ["worker", *flags, "--store", store],
+            ["resume-consumer", *flags, "--store", store],
+            ["migrate", "--store", store],
+        ):
+            result = run_cli(*args, cwd=tmp_path, timeout=60)
+            assert result.returncode == 1, result.describe()
+            assert result.stderr.startswith(
+                f"error: INVALID_ARGUMENT: the store {store} is a SQLite database in memory"
+            ), result.describe()
+            assert "give a file (sqlite:///interlock.db) or a PostgreSQL URL" in result.stderr
+            assert "broker" not in result.stderr, "refused before the broker is tried"
+    assert list(tmp_path.iterdir()) == []

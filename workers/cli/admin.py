@@ -26,6 +26,7 @@ from .base import (
     read_store,
     settings_of,
     shared_broker,
+    shared_store,
     store_option,
     store_tables,
 )
@@ -121,7 +122,7 @@ def migrate(store: str | None) -> None:
     from interlock import SqlSessionStore
     from interlock.stores.sql_journal import SqlTurnJournal
 
-    settings = settings_of(store=store)
+    settings = shared_store(settings_of(store=store))
     check_sqlite_folder(settings.store_url)
     sql = SqlSessionStore(settings.store_url)
     try:

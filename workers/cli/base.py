@@ -181,6 +181,34 @@ def shared_broker(settings: Settings) -> Settings:
     return settings
 
 
+def shared_store(settings: Settings) -> Settings:
+    """`settings`, for a command whose store other processes read: a SQLite database in
+    memory lives inside one process (each worker process would have its own, which no
+    resume consumer sees), so it is refused."""
+    if in_memory_sqlite(settings.store_url):
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"the store {settings.store_url} is a SQLite database in memory: it lives "
+            "inside one process, and no other process (the worker's, the resume "
+            "consumer) sees it; give a file (sqlite:///interlock.db) or a PostgreSQL URL",
+        )
+    return settings
+
+
+def in_memory_sqlite(url: str) -> bool:
+    """Whether a store URL names a SQLite database in memory (`sqlite://`,
+    `sqlite:///:memory:`, a `file:` URI with `mode=memory`)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return False
+    path = parsed.database or ""
+    return path in ("", ":memory:") or (
+        path.startswith("file:") and ("mode=memory" in path or parsed.query.get("mode") == "memory")
+    )
+
+
 wait_option = click.option(
     "--wait",
     is_flag=True,

@@ -23,6 +23,7 @@ from .base import (
     idle_option,
     main,
     shared_broker,
+    shared_store,
     store_option,
     unreachable,
 )
@@ -87,9 +88,11 @@ def worker(
     from ..burst import BURST_ENV
     from ..loader import load_registry
 
-    settings = shared_broker(
-        Settings.from_env(
-            app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+    settings = shared_store(
+        shared_broker(
+            Settings.from_env(
+                app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+            )
         )
     )
     load_registry(settings.app)  # fail here, clearly, rather than inside Celery
@@ -204,9 +207,11 @@ def resume_consumer(
     from ..maintenance import Maintenance
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = shared_broker(
-        Settings.from_env(
-            app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+    settings = shared_store(
+        shared_broker(
+            Settings.from_env(
+                app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+            )
         )
     )
     celery_app = create_app(settings)
