@@ -4,6 +4,7 @@ Errors must be one clear line and a non-zero exit, never a traceback."""
 
 from __future__ import annotations
 
+import getpass
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -178,11 +179,13 @@ def test_decide_deny_with_the_token_from_the_environment(
     decided = run_cli(
         "decide", paused.snapshot_id, "--deny", "--store", stack.store_url,
         "--broker", stack.broker_url,
-        env=child_env(INTERLOCK_RESUME_TOKEN=paused.resume_token),
+        env=child_env(INTERLOCK_RESUME_TOKEN=paused.resume_token, INTERLOCK_REVIEWER="ops@x.io"),
     )  # fmt: skip
     assert decided.returncode == 0, decided.describe()
     [out] = decided.json_lines()
-    done = dash.resumed_turn(dash.outcome(out["decision_id"]))
+    accepted = dash.outcome(out["decision_id"])
+    assert accepted.model_dump()["reviewer"] == "ops@x.io"
+    done = dash.resumed_turn(accepted)
     assert done.message.text == "The transfer of $40.00 to gym was declined."  # type: ignore[attr-defined]
 
 
@@ -198,7 +201,21 @@ def test_decide_with_a_wrong_token_is_rejected_by_the_consumer(
     [out] = decided.json_lines()
     rejected = dash.outcome(out["decision_id"])
     assert rejected.type == "decision.rejected"
+    assert rejected.model_dump()["reviewer"] == getpass.getuser(), "by default, the login name"
     assert rejected.error.status == "PERMISSION_DENIED"  # type: ignore[attr-defined]
+
+
+def test_decide_with_an_empty_reviewer_sends_none(stack: QueueStack, dash: Dashboard) -> None:
+    paused = dash.paused("Transfer $43 to savings")
+    decided = run_cli(
+        "decide", paused.snapshot_id, "--token", paused.resume_token, "--approve",
+        "--reviewer", "", "--store", stack.store_url, "--broker", stack.broker_url,
+    )  # fmt: skip
+    assert decided.returncode == 0, decided.describe()
+    [out] = decided.json_lines()
+    accepted = dash.outcome(out["decision_id"])
+    assert accepted.type == "decision.accepted", accepted.model_dump_json()
+    assert accepted.model_dump()["reviewer"] is None
 
 
 # -------------------------------------------------------------------------- errors

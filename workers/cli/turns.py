@@ -37,6 +37,16 @@ if TYPE_CHECKING:
 __all__: list[str] = []
 
 
+def login_name() -> str | None:
+    """Who runs this command, as the system knows them (None when it cannot say)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name in the environment or the password file
+        return None
+
+
 # -- one-shot commands -------------------------------------------------------------------
 
 
@@ -227,7 +237,14 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
     "pending one, read from the store.",
 )
 @click.option("--feedback", default=None, help="Feedback sent with --approve/--deny.")
-@click.option("--reviewer", default=None, help="Who decides (kept in the audit trail).")
+@click.option(
+    "--reviewer",
+    envvar="INTERLOCK_REVIEWER",
+    default=login_name,
+    show_default="your login name",
+    help="Who decides (kept in the audit trail; --reviewer '' sends none). "
+    "[env: INTERLOCK_REVIEWER]",
+)
 @wait_option
 @timeout_option
 @clear_errors
@@ -330,7 +347,7 @@ def decide(
         decision_id=decision_id,
         snapshot_id=snapshot_id,
         resume_token=resume_token,
-        reviewer=reviewer,
+        reviewer=reviewer or None,
         respond=respond_entries,
         restart=restart_entries,
     )
