@@ -249,6 +249,54 @@ def test_a_worker_retries_a_turn_until_its_store_can_be_used(batch: Batch, tmp_p
         assert worker.stop(timeout=30) == "exit 0", worker.tail()
 
 
+def test_a_burst_worker_whose_store_fails_while_it_serves_requeues_the_turn_and_exits_1(
+    batch: Batch, tmp_path: Path
+) -> None:
+    """The store goes away after the burst worker checked it: a batch job should not
+    wait a quarter of an hour, as a served worker does, nor exit 0. After its few tries
+    (prefork: the give-up crosses the pool's pipe) the turn is back on its queue, no
+    dead letter, no event; the worker says why and exits 1. A later run serves it."""
+    from events.topology import TURNS_DEAD
+
+    folder = tmp_path / "store"
+    folder.mkdir()
+    store_url = f"sqlite:///{folder / 'store.db'}"
+    flags = ["--app", APP, "--broker", batch.server.url, "--store", store_url]
+    worker = Service(
+        "worker", ["worker", "--burst", "--idle", "60", "-c", "1", *flags], tmp_path / "w.log"
+    )
+    try:
+        worker.wait_for("ready")  # the store was checked (and made) before Celery started
+        for made in sorted(folder.iterdir()):
+            made.unlink()
+        folder.rmdir()  # and now it is gone: the pool's first open fails, every try
+        sent = run_cli("submit", *flags, "--agent", "bankingAgent", "--text", "Transfer $4 to x")
+        assert sent.returncode == 0, sent.describe()
+        [turn] = sent.json_lines()
+        assert worker.proc.wait(timeout=90) == 1, worker.tail()
+    finally:
+        worker.stop()
+    lines = worker.output().splitlines()
+    said = [line for line in lines if line.startswith("error: UNAVAILABLE:")]
+    assert "(retry 3 of 3)" in worker.output(), worker.tail()
+    assert said == [
+        f"error: UNAVAILABLE: the store or broker failed {BURST_CONNECT_RETRIES + 1} times in "
+        "a row: OperationalError: unable to open database file "
+        f"(turn {turn['turn_id']} requeued, and still queued on interlock.turns); "
+        "the worker stops"
+    ], worker.tail()
+    assert batch.waiting() == 1, "the turn is back on interlock.turns"
+    with batch.conn.channel() as channel:
+        assert int(channel.client.llen(TURNS_DEAD.name)) == 0, "no dead letter"
+    assert batch.read_events(1, timeout=1) == [], "nothing ran, nothing was answered"
+    folder.mkdir()  # the store is back: the next run serves the turn
+    again = run_cli("worker", "--burst", "--pool", "solo", *flags, timeout=90)
+    assert again.returncode == 0, again.describe()
+    [event] = batch.read_events(1)
+    assert (event["type"], event["turn_id"]) == ("turn.interrupted", turn["turn_id"])
+    assert batch.waiting() == 0
+
+
 # ------------------------------------------------------------ the worker's own output
 
 

@@ -16,6 +16,7 @@ from interlock import Interlock
 from interlock.stores.failures import first_line as one_line
 from schemas import TurnRequest
 
+from .burst import BURST_CONNECT_RETRIES, BurstGaveUp, BurstRequest, burst_idle
 from .runtime import Runtime
 from .settings import Settings
 from .turns import TurnBusy, retried, run_task
@@ -68,7 +69,9 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
     # default); this task counts its store retries itself (`STORE_RETRIES`).
     # shared=False: a shared task joins every app finalized later in the process, and
     # a second app would then run this one's callable, with this app's settings.
-    @app.task(name=RUN_TURN, bind=True, max_retries=None, shared=False)  # type: ignore[untyped-decorator]
+    # Request: a burst worker stops (exit 1) once a turn's store or broker failed at each
+    # of its tries, the turn requeued.
+    @app.task(name=RUN_TURN, bind=True, max_retries=None, shared=False, Request=BurstRequest)  # type: ignore[untyped-decorator]
     def run_turn_task(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         try:
             return run_task(runtime, args, kwargs)
@@ -79,13 +82,16 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
             if not retried(exc):
                 raise
             tries = int(self.request.retries or 0)
-            if tries >= STORE_RETRIES:
+            burst = burst_idle() is not None  # a batch job gives up sooner
+            limit = BURST_CONNECT_RETRIES if burst else STORE_RETRIES
+            if tries >= limit:
+                if burst:
+                    _give_up(args, kwargs, exc, tries)
                 return _keep_dead(runtime, args, kwargs, exc, tries)
             countdown = get_exponential_backoff_interval(1, tries, 30, full_jitter=True)
             log.warning(
                 "turn task %s: %s: %s; trying again in %.0f s (retry %d of %d)",
-                self.request.id, type(exc).__name__, one_line(exc), countdown, tries + 1,
-                STORE_RETRIES,
+                self.request.id, type(exc).__name__, one_line(exc), countdown, tries + 1, limit,
             )  # fmt: skip
             _again(self, exc, countdown)
 
@@ -113,6 +119,24 @@ def _again(task: Any, exc: BaseException, countdown: float) -> NoReturn:
     raise AssertionError("Celery's retry returned instead of raising")
 
 
+def _give_up(
+    args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException, tries: int
+) -> NoReturn:
+    """A burst worker (a batch job) does not wait a quarter of an hour for its store or
+    broker: after its few tries the turn goes back on `interlock.turns`, for a later
+    run, and the worker stops with exit 1 (`BurstRequest`)."""
+    turn_id = _turn_id(args, kwargs)
+    raise BurstGaveUp(
+        f"the store or broker failed {tries + 1} times in a row: {type(exc).__name__}: "
+        f"{one_line(exc)} (turn {turn_id} requeued, and still queued on {TURNS})"
+    ) from exc
+
+
+def _turn_id(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    request = args[0] if args else kwargs.get("request")
+    return request.get("turn_id") if isinstance(request, dict) else None
+
+
 def _keep_dead(
     runtime: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException, tries: int
 ) -> dict[str, Any]:
@@ -120,8 +144,7 @@ def _keep_dead(
     with the reason (its body the task's arguments, as JSON), and end the task."""
     reason = f"the store or broker failed {tries + 1} times: {type(exc).__name__}: {one_line(exc)}"
     body = json.dumps({"args": list(args), "kwargs": kwargs}, default=str).encode()
-    request = args[0] if args else kwargs.get("request")
-    turn_id = request.get("turn_id") if isinstance(request, dict) else None
+    turn_id = _turn_id(args, kwargs)
     try:
         runtime.publisher.dead_letter(
             body, reason[:2000], {"task": RUN_TURN}, queue=TURNS_DEAD, turn_id=turn_id

@@ -13,11 +13,23 @@ import time
 from typing import Any
 
 from amqp.exceptions import ChannelError
+from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
+from celery.exceptions import Reject
+from celery.platforms import EX_FAILURE
 from celery.worker import state
+from celery.worker.request import Request
 from kombu.connection import Connection
 from kombu.mixins import ConsumerMixin
 
-__all__ = ["BURST_ENV", "WorkerBurst", "burst_idle", "drain", "queue_depth"]
+__all__ = [
+    "BURST_ENV",
+    "BurstGaveUp",
+    "BurstRequest",
+    "WorkerBurst",
+    "burst_idle",
+    "drain",
+    "queue_depth",
+]
 
 BURST_ENV = "INTERLOCK_WORKER_BURST"
 """Set (to the idle seconds) for a `celery worker` that runs in burst mode."""
@@ -31,13 +43,41 @@ log = logging.getLogger("interlock.worker")
 BURST_CONNECT_RETRIES = 3
 """Attempts to reach the broker that a worker or resume consumer in burst mode makes
 after the first (2, 4 and 6 s apart for the consumer) before it gives up and exits 1:
-a batch job should not wait for ever for a broker that is not there."""
+a batch job should not wait for ever for a broker that is not there. The same count
+of retries for a turn (or decision) whose store or broker fails while it serves."""
 
 
 def burst_idle() -> float | None:
     """The idle seconds of a worker in burst mode (`BURST_ENV`), or None."""
     value = os.environ.get(BURST_ENV)
     return float(value) if value else None
+
+
+class BurstGaveUp(Reject):  # type: ignore[misc]
+    """A turn whose store or broker failed at each of a burst worker's tries: its task
+    goes back on its queue (requeued), and the worker stops, exit 1 (`BurstRequest`),
+    rather than backing off for a quarter of an hour as a served worker does."""
+
+    def __init__(self, reason: str | None = None, requeue: bool = True) -> None:
+        super().__init__(reason, requeue)  # both, so that it crosses the pool's pipe
+
+
+class BurstRequest(Request):  # type: ignore[misc]
+    """The turn task's request in the worker's main process: a `BurstGaveUp` from the
+    pool requeues the task, as Celery does for any `Reject(requeue=True)`, then says
+    why in one line and stops the worker (a warm shutdown) with exit 1."""
+
+    def on_failure(
+        self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if isinstance(exc, BurstGaveUp):
+            line = f"error: UNAVAILABLE: {exc.reason}; the worker stops\n"
+            os.write(2, line.encode(errors="replace"))  # stderr, past Celery's redirection
+            state.should_stop = EX_FAILURE
 
 
 def queue_depth(channel: Any, queue: str) -> int:
@@ -99,6 +139,8 @@ class WorkerBurst:
             elif quiet_since is None:
                 quiet_since = now
             elif now - quiet_since >= self.idle:
+                if state.should_stop not in (None, False):  # stopping already (exit 1)
+                    return
                 log.info("burst: %s is drained; stopping", self.queue)
                 self._drop_channel()
                 os.kill(os.getpid(), signal.SIGTERM)
