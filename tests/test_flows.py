@@ -387,6 +387,55 @@ def test_restarted_tool_interrupts_again_keeping_its_ref() -> None:
     )
 
 
+def test_a_second_answer_to_a_pause_addressed_by_its_snapshot_is_already_resumed() -> None:
+    """docs/concepts.md: `session_id=` answers what is pending now, `snapshot_id=` the
+    pause the answer was made for. A second reviewer answering the first pause after a
+    restart paused again at the same ref: by snapshot it is refused "already resumed"
+    and nothing runs; by session it meets the new pause (same ref). Once the turn has
+    ended, a late answer by session is from an earlier turn."""
+    ai = Interlock()
+    runs: list[TwoStepReply | None] = []
+
+    @ai.interruptible_tool(name="twoStep", description="two approvals")
+    def two_step(inp: Num, res: TwoStepReply | None) -> Result:
+        runs.append(res)
+        if res is None:
+            interrupt(Step(step=1))
+        assert res is not None
+        if res.step == 1:
+            interrupt(Step(step=2))
+        return Result(value=inp.n * 10)
+
+    model = scripted.define(
+        ai, "two", calls_then_summary(scripted.tool_call("twoStep", {"n": 4}, ref="only"))
+    )
+    store = InMemorySessionStore()
+    agent = ai.define_agent("two", model=model, tools=[two_step], store=store)
+    out = agent.run_text("go")
+    first = out.interrupts[0]
+    again = agent.run(
+        ToolResume(restart=[two_step.resume(first, TwoStepReply(step=1, ok=True))]),
+        snapshot_id=out.snapshot_id,
+    )
+    assert again.interrupts[0].meta("interrupt") == {"step": 2}
+    late = ToolResume(respond=[two_step.respond(first, Result(value=0))])
+    before = len(store.list_snapshots(session_id=out.session_id))
+    with pytest.raises(StatusError) as refused:
+        agent.run(late, snapshot_id=out.snapshot_id)
+    assert refused.value.status is Status.FAILED_PRECONDITION
+    assert "already resumed" in refused.value.message
+    assert len(store.list_snapshots(session_id=out.session_id)) == before, "nothing written"
+    assert len(runs) == 2, "nothing ran"
+
+    by_session = agent.run(late, session_id=out.session_id)  # the pause pending now
+    assert by_session.finish_reason is FinishReason.STOP
+    assert by_session.text == 'results: [{"value": 0}]'
+    with pytest.raises(StatusError) as ended:
+        agent.run(late, session_id=out.session_id)
+    assert ended.value.status is Status.INVALID_ARGUMENT
+    assert "from an earlier turn which is no longer pending" in ended.value.message
+
+
 def test_repause_keeps_other_answers() -> None:
     """An answer given beside a restart that re-pauses is kept, not asked again."""
     ai = Interlock()
