@@ -4,6 +4,7 @@ consumer idempotent by `decision_id` and is the audit trail of who decided what.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -169,14 +170,18 @@ class DecisionLog:
         return [_record(r) for r in rows]
 
 
+_TOKEN_VALUE = re.compile(r'("resume_token"\s*:\s*)"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
 def without_token(body: str) -> str:
     """A decision's text as the log keeps it: without its `resume_token`, a secret stored
     only as a hash (whoever reads the store must not learn a token from it, and use it on
-    a pause still open). A body that is no JSON object is kept as it came."""
+    a pause still open). A body that is no JSON object is kept as it came; one that no
+    JSON reader takes (nested too deeply, say) has every token's value replaced by null."""
     try:
         data = json.loads(body.removeprefix("\ufeff"))
-    except ValueError:
-        return body
+    except (ValueError, RecursionError):
+        return _TOKEN_VALUE.sub(r"\1null", body)
     if not isinstance(data, dict) or "resume_token" not in data:
         return body
     del data["resume_token"]

@@ -207,3 +207,59 @@ def test_an_oversized_decision_with_nan_still_names_its_id() -> None:
     raw = (body % ("x" * MAX_DECISION_BYTES)).encode()
     failure = parse_decision(raw, "application/json")
     assert isinstance(failure, ParseFailure) and failure.decision_id == "big-nan"
+
+
+BASE = b'{"schema_version": 1, "decision_id": "deep-2", "snapshot_id": "s", "respond": []'
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (BASE + b', "n": ' + b"7" * 5000 + b"}", "decision is not JSON: Exceeds the limit"),
+        (
+            BASE + b', "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            "decision is not JSON that can be read: it is nested too deeply",
+        ),
+        (BASE + b', "reviewer": "a\xffb"}', "decision is not JSON: 'utf-8' codec"),
+        (
+            b'{"n": ' + b"9" * 5000 + b' , "decision_id" :  "sp\\u0061ced", "s": "}{,\\""}',
+            "decision is not JSON: Exceeds the limit",
+        ),
+    ],
+    ids=["a-5000-digit-integer", "nested-100000-deep", "a-byte-that-is-no-utf-8", "spaced"],
+)
+def test_a_decision_no_json_reader_takes_still_names_its_id(raw: bytes, reason: str) -> None:
+    """Valid JSON that Python's reader refuses (an integer too long to convert, nesting
+    too deep) and a stray byte that is no UTF-8: the rejection still carries the
+    top-level decision_id, found by scanning the text, so that the sender can match it
+    and a resend under that id gets the same outcome, not a second evaluation."""
+    from workers.decisions import ParseFailure, parse_decision
+
+    failure = parse_decision(raw, "application/json")
+    assert isinstance(failure, ParseFailure)
+    assert failure.reason.startswith(reason), failure.reason
+    assert failure.decision_id == ("spaced" if raw.startswith(b'{"n"') else "deep-2")
+
+
+def test_a_decision_id_nested_below_the_top_level_is_not_taken_for_its_id() -> None:
+    from workers.decisions import ParseFailure, parse_decision
+
+    raw = b'{"x": {"decision_id": "inner"}, "y": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    failure = parse_decision(raw, "application/json")
+    assert isinstance(failure, ParseFailure) and failure.decision_id is None
+
+
+@pytest.mark.parametrize(
+    "rest",
+    [b'"x": ' + b"[" * 5000 + b"]" * 5000, b'"n": ' + b"7" * 5000],
+    ids=["nested-too-deeply", "a-5000-digit-integer"],
+)
+def test_the_decision_log_keeps_no_token_of_a_body_no_json_reader_takes(rest: bytes) -> None:
+    """Such a body is rejected and recorded under its id: the text kept must not hold
+    the resume token, which is stored only as a hash."""
+    from events.decision_log import without_token
+
+    body = (b'{"decision_id": "d", "resume_token" : "s3cr\\"et", ' + rest + b"}").decode()
+    kept = without_token(body)
+    assert "s3cr" not in kept
+    assert kept.startswith('{"decision_id": "d", "resume_token" : null, ')

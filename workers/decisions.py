@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -115,6 +116,59 @@ def _lenient_id(raw: bytes) -> str | None:
     try:
         return _readable_id(json.loads(raw.decode("utf-8-sig")))
     except (UnicodeDecodeError, ValueError, RecursionError):
+        return _scanned_id(raw)
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_PLAIN = re.compile(r'[^"{}\[\]]+')
+
+
+def _scanned_id(raw: bytes) -> str | None:
+    """The top-level decision_id of a body no JSON reader takes (nested too deeply, an
+    integer too long to convert, a byte that is no UTF-8 elsewhere in it), found by
+    scanning its text: strings skipped whole, brackets counted, no recursion. The last
+    one wins, as for a reader."""
+    text = raw.decode("utf-8-sig", errors="replace").lstrip()
+    if not text.startswith("{"):
+        return None
+    found: str | None = None
+    depth, last, i = 0, "", 0
+    while i < len(text):
+        char = text[i]
+        if char == '"':
+            string = _STRING.match(text, i)
+            if string is None:
+                return found
+            i = string.end()
+            if depth == 1 and last in "{," and string.group() == '"decision_id"':
+                found = _value_id(text, i)
+            last = '"'
+            continue
+        if char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+        else:  # anything else up to the next string or bracket, at once
+            plain = _PLAIN.match(text, i)
+            assert plain is not None  # `char` itself is plain
+            i = plain.end()
+            last = plain.group().rstrip()[-1:] or last
+            continue
+        last = char
+        i += 1
+    return found
+
+
+_GAP = re.compile(r"[ \t\r\n]*:[ \t\r\n]*")
+
+
+def _value_id(text: str, at: int) -> str | None:
+    """The decision_id whose key ends at `at`: a string after the colon, if readable."""
+    gap = _GAP.match(text, at)
+    value = _STRING.match(text, gap.end()) if gap is not None else None
+    try:
+        return _readable_id({"decision_id": json.loads(value.group())}) if value else None
+    except ValueError:
         return None
 
 
