@@ -109,6 +109,28 @@ def test_demo_refuses_approve_and_deny_together(tmp_path: Path) -> None:
     assert result.stdout == "", "nothing ran"
 
 
+@pytest.mark.parametrize(
+    ("store", "said"),
+    [
+        ("sqlite:///:memory:", "INVALID_ARGUMENT: the store sqlite:///:memory: is a SQLite"),
+        ("sqlite:///{tmp}/junk.db", "UNAVAILABLE: cannot use the store: file is not a database"),
+        ("sqlite:///{tmp}/nodir/x.db", "NOT_FOUND: no folder {tmp}/nodir for the store"),
+    ],
+    ids=["in-memory", "no-database", "no-folder"],
+)
+def test_demo_checks_its_store_before_anything_runs(tmp_path: Path, store: str, said: str) -> None:
+    """A store the demo's worker and consumer cannot use is said at once, exit 1: it
+    used to hang (in memory), or retry until a hop timed out blaming the worker."""
+    (tmp_path / "junk.db").write_bytes(b"no database " * 400)
+    url = store.format(tmp=tmp_path)
+    result = run_cli("demo", "--approve", "--store", url, cwd=tmp_path, timeout=60)
+    assert result.returncode == 1, result.describe()
+    assert result.stderr.splitlines()[-1].startswith("error: " + said.format(tmp=tmp_path)), (
+        result.describe()
+    )
+    assert result.stdout == "", "nothing ran"
+
+
 # -------------------------------------------------------------------------- against a stack
 
 

@@ -92,6 +92,12 @@ def demo(
         raise click.UsageError("--in-process uses no queues and no store: drop --broker, --store")
     if broker is not None:
         shared_broker(settings_of(broker=broker, store=store))
+    if store is not None:  # the embedded worker's and consumer's: checked before anything runs
+        from interlock import SqlSessionStore
+
+        url = shared_store(settings_of(store=store)).store_url
+        check_sqlite_folder(url)
+        SqlSessionStore(url).dispose()
     decide_fn = ask_human(True if approve else False if deny else None)
     if in_process:
         out = run_in_process(text, decide_fn, model=model)
