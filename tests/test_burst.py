@@ -329,7 +329,8 @@ def test_a_served_worker_stops_gracefully_on_ctrl_c_with_json_alone_on_stdout(
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     [line] = (tmp_path / "worker.out").read_text().splitlines()
-    assert json.loads(line)["worker"] == "starting"
+    said = json.loads(line)
+    assert (said["worker"], said["pool"], said["concurrency"]) == ("starting", "solo", 1)
     logged = err.read_text()
     assert "celery@" in logged or "[config]" in logged, "the banner went to stderr"
     assert "Warm shutdown" in logged

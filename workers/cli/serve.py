@@ -105,7 +105,7 @@ def worker(
             "app": settings.app,
             "broker": redact_url(settings.broker_url),
             "store": redact_url(settings.store_url),
-            "concurrency": concurrency,
+            "concurrency": 1 if pool == "solo" else concurrency,  # solo runs one at a time
             "pool": pool,
             "burst": burst,
         }
