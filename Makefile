@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Test processes (pytest-xdist). Most tests wait on real workers, brokers and
+# databases rather than on the CPU, so three share two cores well; 0 runs serially.
+TEST_WORKERS ?= 3
 
 .DEFAULT_GOAL := help
 .PHONY: help install demo test lint format typecheck bench check schemas clean
@@ -22,7 +25,7 @@ demo: $(STAMP) ## run the banking agent end to end, no server needed
 	$(BIN)/interlock demo $(ARGS)
 
 test: $(STAMP) ## run the whole test suite (real Redis, PostgreSQL and workers)
-	$(BIN)/pytest $(ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) $(ARGS)
 
 lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check .
