@@ -2,7 +2,7 @@
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from pydantic import BaseModel
@@ -16,10 +16,12 @@ from examples.banking import (
     transferMoney,
 )
 from interlock import (
+    Agent,
     AgentInput,
     FinishReason,
     InMemorySessionStore,
     Interlock,
+    InterruptibleTool,
     Message,
     ModelChunk,
     ModelRequest,
@@ -334,7 +336,15 @@ class TwoStepReply(BaseModel):
     ok: bool
 
 
-def test_restarted_tool_interrupts_again_keeping_its_ref() -> None:
+class TwoStep(NamedTuple):
+    agent: Agent
+    tool: InterruptibleTool[Num, Result, TwoStepReply]
+    store: InMemorySessionStore
+    runs: list[TwoStepReply | None]
+
+
+def _two_step() -> TwoStep:
+    """An agent whose one call ("only") asks twice: step 1, then step 2 once restarted."""
     ai = Interlock()
     runs: list[TwoStepReply | None] = []
 
@@ -353,6 +363,11 @@ def test_restarted_tool_interrupts_again_keeping_its_ref() -> None:
     )
     store = InMemorySessionStore()
     agent = ai.define_agent("two", model=model, tools=[two_step], store=store)
+    return TwoStep(agent, two_step, store, runs)
+
+
+def test_restarted_tool_interrupts_again_keeping_its_ref() -> None:
+    agent, two_step, store, runs = _two_step()
     out = agent.run_text("go")
     first = out.interrupts[0]
     assert interrupt_as(first, Step) == Step(step=1)
@@ -393,24 +408,7 @@ def test_a_second_answer_to_a_pause_addressed_by_its_snapshot_is_already_resumed
     restart paused again at the same ref: by snapshot it is refused "already resumed"
     and nothing runs; by session it meets the new pause (same ref). Once the turn has
     ended, a late answer by session is from an earlier turn."""
-    ai = Interlock()
-    runs: list[TwoStepReply | None] = []
-
-    @ai.interruptible_tool(name="twoStep", description="two approvals")
-    def two_step(inp: Num, res: TwoStepReply | None) -> Result:
-        runs.append(res)
-        if res is None:
-            interrupt(Step(step=1))
-        assert res is not None
-        if res.step == 1:
-            interrupt(Step(step=2))
-        return Result(value=inp.n * 10)
-
-    model = scripted.define(
-        ai, "two", calls_then_summary(scripted.tool_call("twoStep", {"n": 4}, ref="only"))
-    )
-    store = InMemorySessionStore()
-    agent = ai.define_agent("two", model=model, tools=[two_step], store=store)
+    agent, two_step, store, runs = _two_step()
     out = agent.run_text("go")
     first = out.interrupts[0]
     again = agent.run(

@@ -23,6 +23,7 @@ from .base import (
     main,
     missing_sqlite_file,
     no_tables,
+    reach_store,
     read_store,
     settings_of,
     shared_broker,
@@ -93,11 +94,7 @@ def demo(
     if broker is not None:
         shared_broker(settings_of(broker=broker, store=store))
     if store is not None:  # the embedded worker's and consumer's: checked before anything runs
-        from interlock import SqlSessionStore
-
-        url = shared_store(settings_of(store=store)).store_url
-        check_sqlite_folder(url)
-        SqlSessionStore(url).dispose()
+        reach_store(shared_store(settings_of(store=store)).store_url)
     decide_fn = ask_human(True if approve else False if deny else None)
     if in_process:
         out = run_in_process(text, decide_fn, model=model)

@@ -135,6 +135,16 @@ def check_sqlite_folder(url: str) -> None:
         )
 
 
+def reach_store(url: str) -> None:
+    """Open the store at `url` once (making its tables if missing), before a command
+    that serves from it starts: a store that cannot be reached or used (a file that is
+    no database) raises SQLAlchemy's error, which `clear_errors` says in one line."""
+    from interlock import SqlSessionStore
+
+    check_sqlite_folder(url)
+    SqlSessionStore(url).dispose()
+
+
 def missing_sqlite_file(url: str) -> Path | None:
     """The file of a SQLite store URL when it does not exist (else None)."""
     from sqlalchemy.engine import make_url

@@ -17,11 +17,11 @@ from .base import (
     app_option,
     broker_option,
     burst_option,
-    check_sqlite_folder,
     clear_errors,
     emit,
     idle_option,
     main,
+    reach_store,
     shared_broker,
     shared_store,
     store_option,
@@ -98,7 +98,7 @@ def worker(
     load_registry(settings.app)  # fail here, clearly, rather than inside Celery
     if burst:  # a batch job: no broker or store, one line (UNAVAILABLE), turns kept queued
         _reach_broker(settings)
-        _reach_store(settings)
+        reach_store(settings.store_url)
     emit(
         {
             "worker": "starting",
@@ -162,16 +162,6 @@ def _reach_broker(settings: Settings) -> None:
         )
 
 
-def _reach_store(settings: Settings) -> None:
-    """Open the store once (making its tables if missing): a store that cannot be
-    reached or used (a file that is no database) raises SQLAlchemy's error, which
-    `clear_errors` says in one line."""
-    from interlock import SqlSessionStore
-
-    check_sqlite_folder(settings.store_url)
-    SqlSessionStore(settings.store_url).dispose()
-
-
 @main.command(
     "resume-consumer", short_help="Run the resume consumer: decisions in, resumed turns out."
 )
@@ -219,7 +209,7 @@ def resume_consumer(
     rt = consumer.rt
     rt.registry  # noqa: B018 - fail early on a bad --app
     if burst:  # a batch job: a store it cannot use is one line (UNAVAILABLE), at once
-        _reach_store(settings)
+        reach_store(settings.store_url)
     maintenance = Maintenance(rt)
     maintenance.start(settings.relay_interval)  # at start-up, then periodically
 
