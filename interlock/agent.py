@@ -243,7 +243,7 @@ class Agent:
         """`_base`; for a resume, how the session is addressed is the first of its checks
         (rule 7), and a failure is a `ResumeValidationError`."""
         try:
-            return self._base(session_id, snapshot_id, state)
+            return self._base(session_id, snapshot_id, state, resume=agent_input.resume is not None)
         except SnapshotNotFoundError as exc:
             if agent_input.resume is None:
                 raise
@@ -253,7 +253,14 @@ class Agent:
                 raise
             raise ResumeValidationError(exc.status, exc.message) from exc
 
-    def _base(self, session_id: str | None, snapshot_id: str | None, state: str | None) -> _Base:
+    def _base(
+        self,
+        session_id: str | None,
+        snapshot_id: str | None,
+        state: str | None,
+        *,
+        resume: bool = False,
+    ) -> _Base:
         if self.store is None:
             if session_id is not None or snapshot_id is not None:
                 raise StatusError(
@@ -294,16 +301,55 @@ class Agent:
                 )
             return _Base(snapshot.session_id, snapshot)
         if session_id is not None:
-            latest = self.store.list_snapshots(
-                session_id=session_id, status=SnapshotStatus.COMPLETED, limit=1
-            )
-            if latest and latest[0].agent != self.name:
+            latest = self._session_snapshot(session_id, resume=resume)
+            if latest is not None and latest.agent != self.name:
                 raise StatusError(
                     Status.INVALID_ARGUMENT,
-                    f"session {session_id} belongs to agent {latest[0].agent!r}, not {self.name!r}",
+                    f"session {session_id} belongs to agent {latest.agent!r}, not {self.name!r}",
                 )
-            return _Base(session_id, latest[0] if latest else None)
+            return _Base(session_id, latest)
         return _Base(_new_id(), None)
+
+    def _session_snapshot(self, session_id: str, *, resume: bool) -> Snapshot | None:
+        """The snapshot that `session_id=` continues: the session's latest `completed`
+        one (failed and aborted turns are skipped: the last good snapshot stays the
+        continuation point).
+
+        A resume answers the session's newest pause: when that one is `expired` (or a
+        store's own `pending`), the resume gets it and rule 6 refuses it
+        (FAILED_PRECONDITION), rather than an earlier snapshot in which its refs are not
+        pending. A new message is no answer: a pause that expired (marked so, or past
+        its deadline and not yet swept) ended its turn, and the message goes on from the
+        snapshot that turn started from, as after a failed turn."""
+        assert self.store is not None
+        newest = self.store.get_latest_snapshot(session_id)
+        if newest is None:
+            return None
+        if newest.status == SnapshotStatus.EXPIRED or (
+            newest.status == SnapshotStatus.PENDING and resume
+        ):
+            return newest if resume else self._before_turn(newest)
+        if newest.status != SnapshotStatus.COMPLETED:
+            found = self.store.list_snapshots(
+                session_id=session_id, status=SnapshotStatus.COMPLETED, limit=1
+            )
+            newest = found[0] if found else None
+        if newest is not None and not resume and _lapsed(newest):
+            return self._before_turn(newest)
+        return newest
+
+    def _before_turn(self, snapshot: Snapshot) -> Snapshot | None:
+        """The snapshot the turn of `snapshot` started from: its parent, past the pauses
+        of that turn that were answered on the way (a re-pausing tool)."""
+        assert self.store is not None
+        found = self._parent(snapshot)
+        while found is not None and found.is_interrupted:
+            found = self._parent(found)
+        return found
+
+    def _parent(self, snapshot: Snapshot) -> Snapshot | None:
+        assert self.store is not None
+        return None if snapshot.parent_id is None else self.store.get_snapshot(snapshot.parent_id)
 
     def _plan(
         self, resume: ToolResume, base: _Base, claimed_by: str | None
@@ -436,3 +482,13 @@ class Agent:
         self._release(base, claim)
         if isinstance(exc, StatusError):
             exc.snapshot_id = snapshot.snapshot_id
+
+
+def _lapsed(snapshot: Snapshot) -> bool:
+    """A pause whose deadline passed with no answer claimed in time."""
+    return (
+        snapshot.is_interrupted
+        and snapshot.resumed_by is None
+        and snapshot.expires_at is not None
+        and snapshot.expires_at <= utcnow()
+    )

@@ -42,6 +42,8 @@ from workers.cli import main
 class Ask(BaseModel):
     n: int
     wait: float | None = None
+    again: float | None = None
+    """Pause a second time once answered (a restart without `last`), with this deadline."""
 
 
 def make_agent(store: SessionStore, *, agent_default: float | None = None) -> Any:
@@ -51,6 +53,8 @@ def make_agent(store: SessionStore, *, agent_default: float | None = None) -> An
     def ask(inp: Ask, res: dict[str, Any] | None) -> dict[str, Any]:
         if res is None:
             interrupt({"n": inp.n}, expires_in=inp.wait)
+        if inp.again is not None and "last" not in (res or {}):
+            interrupt({"n": inp.n, "again": True}, expires_in=inp.again)
         return {"ok": True}
 
     def model(request: ModelRequest) -> Message:
@@ -181,6 +185,97 @@ def test_sweeper_expires_and_announces(sql_store: SqlSessionStore) -> None:
             snapshot_id=soon.snapshot_id,
         )
     assert info.value.status is Status.FAILED_PRECONDITION
+
+
+def _expire(store: SessionStore, snapshot_id: str) -> None:
+    """Mark a pause expired as the sweeper does (any store)."""
+    snap = store.get_snapshot(snapshot_id)
+    assert snap is not None
+    store.save_snapshot(
+        snap.model_copy(
+            update={"status": SnapshotStatus.EXPIRED, "finish_reason": FinishReason.EXPIRED}
+        )
+    )
+
+
+def _answered_turn(agent: Any, ask: Any, n: int, session_id: str | None = None) -> str:
+    """One turn paused and answered: the session's last good snapshot."""
+    out = agent.run_text(json.dumps({"n": n}), session_id=session_id)
+    done = agent.run(
+        ToolResume(restart=[ask.resume(out.interrupts[0], {"x": 1})]), session_id=out.session_id
+    )
+    assert done.finish_reason is FinishReason.STOP
+    return str(done.session_id)
+
+
+@pytest.mark.parametrize("swept", [True, False], ids=["marked", "deadline-passed"])
+def test_resume_by_session_of_an_expired_pause_is_refused(
+    any_store: SessionStore, swept: bool
+) -> None:
+    """Rule 6 by `session_id=` as by `snapshot_id=`: the answer names the expiry, and an
+    earlier snapshot of the session is not taken instead (where its refs would be "not
+    found in session history", INVALID_ARGUMENT)."""
+    agent, ask = make_agent(any_store)
+    session = _answered_turn(agent, ask, 1)
+    paused = agent.run_text(json.dumps({"n": 2, "wait": 0.2}), session_id=session)
+    time.sleep(0.3)
+    if swept:
+        _expire(any_store, str(paused.snapshot_id))
+    answer = ToolResume(restart=[ask.resume(paused.interrupts[0], {"x": 1})])
+    with pytest.raises(ResumeValidationError) as info:
+        agent.run(answer, session_id=session)
+    assert info.value.status is Status.FAILED_PRECONDITION
+    expected = "is expired and cannot be resumed" if swept else "expired at"
+    assert str(paused.snapshot_id) in info.value.message
+    assert expected in info.value.message, info.value.message
+    with pytest.raises(ResumeValidationError) as checked:  # the queue's check says the same
+        agent.validate_resume(answer, session_id=session)
+    assert checked.value.message == info.value.message
+    latest = any_store.get_latest_snapshot(session)
+    assert latest is not None and latest.snapshot_id == paused.snapshot_id, "nothing written"
+
+
+@pytest.mark.parametrize("swept", [True, False], ids=["marked", "deadline-passed"])
+@pytest.mark.parametrize("repaused", [False, True], ids=["one-pause", "re-paused"])
+def test_a_new_message_after_an_expired_pause_goes_on_from_before_its_turn(
+    any_store: SessionStore, swept: bool, repaused: bool
+) -> None:
+    """An expired pause ended its turn: a new message is not refused as "paused" (before
+    the sweep) nor as "already resumed" (a re-paused turn), and goes on from the snapshot
+    that turn started from, as after a failed turn; the expired pause is kept."""
+    agent, ask = make_agent(any_store)
+    session = _answered_turn(agent, ask, 1)
+    good = any_store.get_latest_snapshot(session)
+    assert good is not None
+    if repaused:
+        first = agent.run_text(json.dumps({"n": 2, "again": 0.2}), session_id=session)
+        paused = agent.run(
+            ToolResume(restart=[ask.resume(first.interrupts[0], {"x": 1})]), session_id=session
+        )
+    else:
+        paused = agent.run_text(json.dumps({"n": 2, "wait": 0.2}), session_id=session)
+    assert paused.finish_reason is FinishReason.INTERRUPTED
+    time.sleep(0.3)
+    if swept:
+        _expire(any_store, str(paused.snapshot_id))
+    out = agent.run_text(json.dumps({"n": 3}), session_id=session)
+    assert out.finish_reason is FinishReason.INTERRUPTED and out.session_id == session
+    snap = any_store.get_snapshot(str(out.snapshot_id))
+    assert snap is not None and snap.parent_id == good.snapshot_id
+    users = [m.text for m in snap.messages if m.role == "user"]
+    assert users == [json.dumps({"n": 1}), json.dumps({"n": 3})], users
+    kept = any_store.get_snapshot(str(paused.snapshot_id))
+    assert kept is not None and kept.is_interrupted is not swept
+
+
+def test_a_new_message_in_time_is_still_refused_while_paused(any_store: SessionStore) -> None:
+    """Before its deadline a pause holds the session (rule 8), with or without one."""
+    agent, _ = make_agent(any_store)
+    paused = agent.run_text(json.dumps({"n": 1, "wait": 600}))
+    with pytest.raises(StatusError) as info:
+        agent.run_text(json.dumps({"n": 2}), session_id=paused.session_id)
+    assert info.value.status is Status.FAILED_PRECONDITION
+    assert "answer the pending interrupts first" in info.value.message
 
 
 def test_audit_shows_what_an_expired_pause_asked(sql_store: SqlSessionStore) -> None:
