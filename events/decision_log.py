@@ -25,9 +25,9 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from interlock import SqlSessionStore
-from interlock.stores.fast import FastStatement
 from schemas import EventBase, utcnow
+
+from .store import SqlStore
 
 __all__ = ["DecisionLog", "DecisionRecord", "decision_table", "without_token"]
 
@@ -67,7 +67,6 @@ class DecisionRecord:
 
 _GET = select(decision_table).where(decision_table.c.decision_id == bindparam("p_id"))
 _INSERT = insert(decision_table)
-_F_GET, _F_INSERT = FastStatement(_GET), FastStatement(_INSERT)  # the consumer's hot path
 _WITH_TOKEN = select(decision_table.c.decision_id, decision_table.c.body).where(
     decision_table.c.body.contains('"resume_token"')
 )
@@ -79,10 +78,11 @@ _SET_BODY = (
 
 
 class DecisionLog:
-    def __init__(self, store: SqlSessionStore, *, create_tables: bool = True) -> None:
+    def __init__(self, store: SqlStore, *, create_tables: bool = True) -> None:
         """The decision log in `store`'s database (its table made if missing, unless
         `create_tables` is False: a reader's)."""
         self.engine: Engine = store.engine
+        self._get, self._insert = store.fast(_GET), store.fast(_INSERT)  # the consumer's hot path
         self._writer = store.writer()  # BEGIN IMMEDIATE on SQLite: writers queue
         if create_tables:
             store.create_all(decision_metadata)
@@ -93,7 +93,7 @@ class DecisionLog:
         if conn is None:
             with self.engine.begin() as own:
                 return self.get(decision_id, conn=own)
-        rows = _F_GET.execute(conn, {"p_id": decision_id}).mappings()
+        rows = self._get.execute(conn, {"p_id": decision_id}).mappings()
         return _record(rows[0]) if rows else None
 
     def begin(self) -> AbstractContextManager[Connection]:
@@ -133,11 +133,11 @@ class DecisionLog:
             "received_at": utcnow(),
         }
         if conn is not None:
-            _F_INSERT.execute(conn, values)
+            self._insert.execute(conn, values)
             return None
         try:
             with self._writer.begin() as own:
-                _F_INSERT.execute(own, values)
+                self._insert.execute(own, values)
         except IntegrityError:
             return self.get(decision_id)
         return None

@@ -7,49 +7,47 @@ from datetime import datetime
 
 from sqlalchemy import and_, select, update
 
-from interlock import FinishReason, SnapshotStatus, SqlSessionStore
-from interlock.stores.sql import metadata
-from schemas import TurnExpired, utcnow
+from schemas import FinishReason, SnapshotStatus, TurnExpired, utcnow
 
 from .outbox import Outbox
+from .store import SqlStore
 
 __all__ = ["expire_overdue"]
 
-_SNAP = metadata.tables["interlock_snapshot"]
-
 
 def expire_overdue(
-    store: SqlSessionStore, outbox: Outbox, *, now: datetime | None = None, limit: int = 500
+    store: SqlStore, outbox: Outbox, *, now: datetime | None = None, limit: int = 500
 ) -> list[TurnExpired]:
     """Expire every unclaimed interrupted snapshot past its deadline. The update is
     conditional, so a decision claiming the snapshot at the same moment either wins
     (the snapshot resumes) or loses (it gets FAILED_PRECONDITION): never both."""
     now = now or utcnow()
+    snaps = store.metadata.tables["interlock_snapshot"]
     overdue = and_(
-        _SNAP.c.status == SnapshotStatus.COMPLETED.value,
-        _SNAP.c.finish_reason == FinishReason.INTERRUPTED.value,
-        _SNAP.c.resumed_by.is_(None),
-        _SNAP.c.expires_at.is_not(None),
-        _SNAP.c.expires_at <= now,
+        snaps.c.status == SnapshotStatus.COMPLETED.value,
+        snaps.c.finish_reason == FinishReason.INTERRUPTED.value,
+        snaps.c.resumed_by.is_(None),
+        snaps.c.expires_at.is_not(None),
+        snaps.c.expires_at <= now,
     )
     expired: list[TurnExpired] = []
     with store.writer().begin() as conn:
         rows = conn.execute(
             select(
-                _SNAP.c.snapshot_id,
-                _SNAP.c.session_id,
-                _SNAP.c.agent,
-                _SNAP.c.turn_id,
-                _SNAP.c.expires_at,
+                snaps.c.snapshot_id,
+                snaps.c.session_id,
+                snaps.c.agent,
+                snaps.c.turn_id,
+                snaps.c.expires_at,
             )
             .where(overdue)
-            .order_by(_SNAP.c.seq)
+            .order_by(snaps.c.seq)
             .limit(limit)
         ).all()
         for row in rows:
             done = conn.execute(
-                update(_SNAP)
-                .where(_SNAP.c.snapshot_id == row.snapshot_id, overdue)
+                update(snaps)
+                .where(snaps.c.snapshot_id == row.snapshot_id, overdue)
                 .values(
                     status=SnapshotStatus.EXPIRED.value,
                     finish_reason=FinishReason.EXPIRED.value,

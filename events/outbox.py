@@ -46,12 +46,11 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, ExceptionContext
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from interlock import SqlSessionStore
-from interlock.stores.fast import FastStatement
 from schemas import EventBase, Snapshot, utcnow
 
 from .publisher import Publisher
 from .snapshot_events import event_for_snapshot
+from .store import SqlStore
 
 __all__ = [
     "MARK_DELAY",
@@ -105,9 +104,7 @@ _MARK_SENT = (
     .where(_OUT.id == bindparam("p_id"))
     .values(sent_at=bindparam("p_at"), body=bindparam("p_body"))
 )
-# On the DBAPI cursor (see `interlock.stores.fast`): inside the snapshot's transaction.
-_F_INSERT_RETURNING = FastStatement(_INSERT.returning(_OUT.id))
-_F_MARK_SENT = FastStatement(_MARK_SENT)
+_INSERT_RETURNING = _INSERT.returning(_OUT.id)
 
 SWEEP_GRACE = 2.0
 """Seconds a row stays its writer's to publish before another process's sweep takes it
@@ -140,7 +137,7 @@ Row = tuple[int, str, str]
 
 
 class Outbox:
-    """The outbox table beside a `SqlSessionStore`; every snapshot the store saves for
+    """The outbox table beside a SQL session store (`SqlStore`); every snapshot the store saves for
     the first time gets its event written in the same transaction.
 
     Rows written here wait in memory, once committed, to be published (`mine()`); the
@@ -148,9 +145,12 @@ class Outbox:
     marks those rows sent in batches (`flush_marks()`; `close()` marks what is left).
     """
 
-    def __init__(self, store: SqlSessionStore, *, mark_delay: float = MARK_DELAY) -> None:
+    def __init__(self, store: SqlStore, *, mark_delay: float = MARK_DELAY) -> None:
         self.store = store
         self.engine = store.engine
+        # On the driver's cursor (`SqlStore.fast`): inside the snapshot's transaction.
+        self._insert = store.fast(_INSERT_RETURNING)
+        self._mark_sent = store.fast(_MARK_SENT)
         self.mark_delay = mark_delay
         store.create_all(outbox_metadata)
         store.add_save_hook(self._on_save)
@@ -185,7 +185,7 @@ class Outbox:
             "created_at": utcnow(),
         }
         if conn.dialect.insert_returning:
-            row_id = _F_INSERT_RETURNING.execute(conn, values).scalar()
+            row_id = self._insert.execute(conn, values).scalar()
         else:  # pragma: no cover - SQLite and PostgreSQL both have RETURNING
             key = conn.execute(_INSERT, values).inserted_primary_key
             row_id = None if key is None else key[0]
@@ -385,7 +385,7 @@ class Outbox:
         # Need not wait for the disk: a mark lost with the machine only means the event
         # is published again (events carry ids) and its row marked again.
         with self.store.writer(relaxed=True).begin() as conn:
-            _F_MARK_SENT.executemany(conn, params)
+            self._mark_sent.executemany(conn, params)
 
 
 def _erase_token(body: str) -> str:

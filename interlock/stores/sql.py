@@ -67,6 +67,7 @@ from sqlalchemy.exc import InvalidatePoolError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import registry
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
+from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.selectable import Select
 from sqlmodel import Field, SQLModel, create_engine
@@ -752,6 +753,12 @@ class SqlSessionStore:
             if self._dialect == "postgresql":
                 conn.execute(select(func.pg_advisory_xact_lock(_DDL_LOCK_KEY)))
             tables.create_all(conn, checkfirst=True)
+
+    @staticmethod
+    def fast(statement: ClauseElement) -> FastStatement:
+        """`statement` compiled once per dialect and then only bound, run on the DBAPI
+        cursor (`FastStatement`): for the hot statements of tables beside the store."""
+        return FastStatement.of(statement)
 
     def writer(self, *, relaxed: bool = False) -> Engine:
         """The engine for write transactions (`BEGIN IMMEDIATE` on SQLite).
