@@ -11,13 +11,17 @@ builds one and keeps it until its pool is replaced (after a reconnect).
 
 A publish to a topic or direct exchange costs kombu two commands: read the exchange's
 bindings (`SMEMBERS`), then `LPUSH` to each matching queue. This channel sends one
-script that does both on the server (`ROUTE`), with kombu's matching rules: a topic
-binding's words are literal, `*` (one word) or `#` (any run of characters, as kombu's
-regex has it). It is also atomic: a queue bound before the publish gets the message.
-Where the script cannot stand in exactly, kombu's own path runs instead: message
-priorities, queues with an expiry declared on this channel, a dead-letter queue, batched
-publishes, a binding word mixing `*` or `#` with other characters, a newline or NUL in
-a routing key or binding, a broker refusing scripts. Other errors of the script (a
+script that does both on the server (`ROUTE`). It is also atomic: a queue bound before
+the publish gets the message. Where the script cannot stand in, kombu's own path runs
+instead: message priorities, queues with an expiry declared on this channel, a
+dead-letter queue, batched publishes, a newline or NUL in a routing key, a broker
+refusing scripts.
+
+Topic bindings match as AMQP has it, and RabbitMQ routes (`topic_match`), on both
+paths: a binding's words are literal, `*` (exactly one word) or `#` (zero or more
+words). kombu's own regex makes `#` one or more words, so that `turn.interrupted.#` or
+`#.interrupted` would miss `turn.interrupted`, and reads a word such as `a*b` as a
+regex. Other errors of the script (a
 queue's key holding another type, Redis out of memory or read-only) are raised, as
 kombu's own push would raise them.
 
@@ -50,6 +54,7 @@ from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport.virtual import exchange as kombu_exchange
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
@@ -65,7 +70,15 @@ from .redis_pop import (
     rescue,
 )
 
-__all__ = ["UNREADABLE", "Channel", "Transport", "envelope", "transport_for"]
+__all__ = [
+    "UNREADABLE",
+    "Channel",
+    "TopicExchange",
+    "Transport",
+    "envelope",
+    "topic_match",
+    "transport_for",
+]
 
 UNREADABLE = "x-interlock-unreadable"
 """The header of a message made from a queue item that was no kombu message: what is
@@ -80,26 +93,44 @@ log = logging.getLogger("interlock.transport")
 
 
 ROUTE = r"""
-local function to_pattern(binding)
-  local words = {}
-  for word in string.gmatch(binding .. '.', '([^.]*)%.') do
-    if word == '*' then
-      words[#words + 1] = '[^%.]+'
-    elseif word == '#' then
-      words[#words + 1] = '.-'
-    elseif string.find(word, '[*#]') then
-      return nil
-    else
-      words[#words + 1] = (string.gsub(word, '(%W)', '%%%1'))
-    end
+local function words(text)
+  local found = {}
+  for word in string.gmatch(text .. '.', '([^.]*)%.') do
+    found[#found + 1] = word
   end
-  return '^' .. table.concat(words, '%.') .. '$'
+  return found
+end
+
+local function matches(pattern, i, key, j)
+  while i <= #pattern do
+    local word = pattern[i]
+    if word == '#' then
+      while pattern[i + 1] == '#' do
+        i = i + 1
+      end
+      if i == #pattern then
+        return true
+      end
+      for k = j, #key + 1 do
+        if matches(pattern, i + 1, key, k) then
+          return true
+        end
+      end
+      return false
+    end
+    if j > #key or (word ~= '*' and word ~= key[j]) then
+      return false
+    end
+    i, j = i + 1, j + 1
+  end
+  return j > #key
 end
 
 local topic, rkey, body, sep, prefix = ARGV[1] == 'topic', ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if string.find(rkey, '[%z\n]') then
   return -1
 end
+local key_words = words(rkey)
 local queues, seen = {}, {}
 for _, member in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local a = string.find(member, sep, 1, true)
@@ -115,14 +146,7 @@ for _, member in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     if stored == '' then
       hit = true
     else
-      if string.find(binding, '[%z\n]') then
-        return -1
-      end
-      local pattern = to_pattern(binding)
-      if pattern == nil then
-        return -1
-      end
-      hit = string.find(rkey, pattern) ~= nil
+      hit = matches(words(binding), 1, key_words, 1)
     end
     hit = hit and queue ~= ''
   else
@@ -143,13 +167,52 @@ it to every matching queue. KEYS[1]: the exchange's bindings; ARGV: exchange typ
 routing key, message, kombu's field separator, the key prefix of the queues
 (`global_keyprefix`; the client prefixes KEYS[1] itself). A topic binding stored with
 no pattern matches every key, as kombu's empty regex does. Returns how many queues
-got it, or -1 (nothing pushed) where kombu's own path must decide: a binding word that
-mixes `*` or `#` with other characters, a newline or NUL in a key (Python's regex and
-Lua's patterns treat those differently), a malformed binding."""
+got it, or -1 (nothing pushed) where kombu's own path must decide: a newline or NUL in
+the key, a malformed binding."""
+
+
+def topic_match(binding: str, routing_key: str) -> bool:
+    """Whether a topic binding matches a routing key, as AMQP (and RabbitMQ) match
+    them: word by word, where `*` is exactly one word and `#` zero or more."""
+    pattern, key = binding.split("."), routing_key.split(".")
+
+    def match(i: int, j: int) -> bool:
+        while i < len(pattern):
+            word = pattern[i]
+            if word == "#":
+                while i + 1 < len(pattern) and pattern[i + 1] == "#":
+                    i += 1
+                if i + 1 == len(pattern):
+                    return True
+                return any(match(i + 1, k) for k in range(j, len(key) + 1))
+            if j == len(key) or (word != "*" and word != key[j]):
+                return False
+            i, j = i + 1, j + 1
+        return j == len(key)
+
+    return match(0, 0)
+
+
+class TopicExchange(kombu_exchange.TopicExchange):
+    """kombu's topic exchange, matching as `topic_match` does (kombu's path: a
+    prioritized message, an expiring queue, ...), like the routing script."""
+
+    def lookup(self, table: Any, exchange: str, routing_key: str, default: Any) -> set[str]:
+        # A binding stored with no pattern matches every key, as kombu's empty regex.
+        return {
+            queue
+            for binding, pattern, queue in table
+            if pattern == "" or topic_match(binding, routing_key)
+        }
 
 
 class Channel(kombu_redis.Channel):
     QoS = QoS
+    # kombu's: the classes, which each channel makes its own instances of.
+    exchange_types = {  # noqa: RUF012
+        **kombu_redis.Channel.exchange_types,
+        "topic": TopicExchange,
+    }
     from_transport_options = (  # type: ignore[assignment]
         *kombu_redis.Channel.from_transport_options,
         "reader_beat",
