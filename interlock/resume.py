@@ -164,17 +164,17 @@ def plan_resume(
         if req.ref in restarted:
             raise _invalid(f"restart lists ref {req.ref} twice")
         restarted.add(req.ref)
-        if req.ref in answers:  # respond wins over restart for the same ref: not used
-            continue
         try:
             same = same_json(req.input, original.tool_request.input)
         except (ValueError, RecursionError):  # nested deeper than JSON tools can take
             same = False
-        if not same:
+        if not same:  # a forged input is refused even where respond wins (rule 5)
             raise _invalid(
                 f"restart of tool {req.name!r} ref {req.ref} changed its input; a restart "
                 "must keep the original input"
             )
+        if req.ref in answers:  # respond wins over restart for the same ref: not used
+            continue
         resumed = part.meta("resumed")
         data = resumed if isinstance(resumed, dict) else None
         if resumed is not True and data is None:

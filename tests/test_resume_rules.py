@@ -521,9 +521,9 @@ def test_same_ref_in_both_lists_respond_wins() -> None:
     assert rig.runs == [None]  # the restart did not run
 
 
-def test_same_ref_in_both_lists_the_restart_is_not_even_checked() -> None:
-    """Respond wins: the restart for the same ref is set aside before its input or
-    resume data are checked, so a bad one does not refuse the resume."""
+def test_same_ref_in_both_lists_a_forged_restart_input_is_still_refused() -> None:
+    """Respond wins, but a restart whose input was changed is a forgery whatever else the
+    resume holds: refused, and nothing runs."""
     rig = Rig({"n": 1})
     out = rig.paused()
     part = out.interrupts[0]
@@ -532,8 +532,30 @@ def test_same_ref_in_both_lists_the_restart_is_not_even_checked() -> None:
     changed = restart.model_copy(
         update={"tool_request": restart.tool_request.model_copy(update={"input": {"n": 2}})}
     )
-    final = rig.agent.run(
+    rejects(
+        Status.INVALID_ARGUMENT,
+        "changed its input",
+        rig.agent.run,
         ToolResume(respond=[rig.gate.respond(part, {"value": 7})], restart=[changed]),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+    assert rig.runs == [None]
+    final = rig.agent.run(  # the pause is still there to answer
+        ToolResume(respond=[rig.gate.respond(part, {"value": 7})]), session_id=out.session_id
+    )
+    assert final.text == 'results: [{"value": 7}]'
+
+
+def test_same_ref_in_both_lists_the_restart_data_is_set_aside() -> None:
+    """Respond wins: the restart's resume data is not used, so it is not checked either."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    part = out.interrupts[0]
+    restart = rig.gate.resume(part, Answer(ok=True)).model_copy(deep=True)
+    restart.metadata = {**(restart.metadata or {}), "resumed": {"ok": "not a bool"}}
+    final = rig.agent.run(
+        ToolResume(respond=[rig.gate.respond(part, {"value": 7})], restart=[restart]),
         session_id=out.session_id,
     )
     assert final.text == 'results: [{"value": 7}]'
