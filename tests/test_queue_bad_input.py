@@ -550,6 +550,20 @@ def test_invalid_decision_is_rejected_and_dead_lettered(
     assert reason in event.error.message, event.error.message  # type: ignore[attr-defined]
     assert envelope["reason"] == event.error.message  # type: ignore[attr-defined]
     assert base64.b64decode(envelope["body_base64"]) == raw
+    # A JSON object names its snapshot and reviewer in the rejection, where it gives
+    # them as a decision could (text of at most 200 and 500 characters, no NUL).
+    try:
+        read = json.loads(raw)
+    except (ValueError, RecursionError):
+        read = None
+    given = read if isinstance(read, dict) else {}
+    named, reviewer = given.get("snapshot_id"), given.get("reviewer")
+    assert event.snapshot_id == (named if isinstance(named, str) and "\x00" not in named else None)
+    assert event.reviewer == (  # type: ignore[attr-defined]
+        reviewer
+        if isinstance(reviewer, str) and len(reviewer) <= 500 and "\x00" not in reviewer
+        else None
+    )
 
 
 def test_absurdly_nested_restart_input_is_rejected(dash: Dashboard, stack: QueueStack) -> None:

@@ -208,10 +208,14 @@ class ResumeConsumer(ConsumerMixin):
             log.warning("kept an unreadable decision on %s: %s", DECISIONS_DEAD.name, parsed.reason)
             event: EventBase = DecisionRejected(
                 decision_id=parsed.decision_id,
+                reviewer=parsed.reviewer,
+                snapshot_id=parsed.snapshot_id,
                 error=ErrorInfo(status=Status.INVALID_ARGUMENT, message=parsed.reason),
             )
             if parsed.decision_id is not None:
-                return self._record_and_publish(parsed.decision_id, raw, event, None, None)
+                return self._record_and_publish(
+                    parsed.decision_id, raw, event, parsed.reviewer, None
+                )
             self.rt.publisher.publish_event(event)
             return event
         return self._decide(parsed, raw)

@@ -52,6 +52,10 @@ class ParseFailure:
 
     reason: str
     decision_id: str | None = None
+    reviewer: str | None = None
+    snapshot_id: str | None = None
+    """What the message said of its reviewer and snapshot, where it is a JSON object
+    that names them as a decision would: its rejection carries them too."""
 
 
 def parse_decision(body: bytes | str, content_type: str | None) -> Decision | ParseFailure:
@@ -59,35 +63,39 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
     carries the decision_id where one can be read, so its sender can match the outcome."""
     raw = body.encode() if isinstance(body, str) else bytes(body or b"")
     if len(raw) > MAX_DECISION_BYTES:
-        return ParseFailure(
-            f"decision is {len(raw)} bytes; the limit is {MAX_DECISION_BYTES}",
-            _lenient_id(raw) if len(raw) <= _ID_READ_LIMIT else None,
-        )
+        reason = f"decision is {len(raw)} bytes; the limit is {MAX_DECISION_BYTES}"
+        return _lenient(reason, raw) if len(raw) <= _ID_READ_LIMIT else ParseFailure(reason)
     data = _read_json(raw)
     kind = (content_type or "").split(";")[0].strip().lower()
     if kind not in _JSON_TYPES:
-        return ParseFailure(
-            f"content type {content_type!r} is not accepted: send JSON",
-            _lenient_id(raw) if isinstance(data, ParseFailure) else _readable_id(data),
-        )
+        reason = f"content type {content_type!r} is not accepted: send JSON"
+        return _lenient(reason, raw) if isinstance(data, ParseFailure) else _failure(reason, data)
     if isinstance(data, ParseFailure):
-        return ParseFailure(data.reason, _lenient_id(raw))
+        return _lenient(data.reason, raw)
     if not isinstance(data, dict):
         return ParseFailure(f"decision must be a JSON object, not {type(data).__name__}")
-    decision_id = _readable_id(data)
     version = data.get("schema_version")
     if isinstance(version, bool) or version != 1:  # true == 1 in Python, not in JSON
-        return ParseFailure(
-            f"unknown schema_version {json.dumps(version)}; this consumer reads 1",
-            decision_id,
+        return _failure(
+            f"unknown schema_version {json.dumps(version)}; this consumer reads 1", data
         )
     bad = unstorable(data)
     if bad is not None:  # valid JSON, but no text column (PostgreSQL) can keep it
-        return ParseFailure(f"decision contains {bad}", decision_id)
+        return _failure(f"decision contains {bad}", data)
     try:
         return Decision.model_validate(data)
     except ValidationError as exc:
-        return ParseFailure(f"decision does not match the schema: {brief(exc)}", decision_id)
+        return _failure(f"decision does not match the schema: {brief(exc)}", data)
+
+
+def _failure(reason: str, data: Any) -> ParseFailure:
+    """A refused JSON value, with the ids and reviewer it gives as a decision would."""
+    return ParseFailure(
+        reason,
+        _readable_id(data),
+        reviewer=_readable(data, "reviewer", 500),
+        snapshot_id=_readable(data, "snapshot_id", 200),
+    )
 
 
 def _read_json(raw: bytes) -> Any:
@@ -104,19 +112,26 @@ def _read_json(raw: bytes) -> Any:
 
 def _readable_id(data: Any) -> str | None:
     """The decision_id of a JSON value, where it is one a decision could have."""
-    found = data.get("decision_id") if isinstance(data, dict) else None
-    if isinstance(found, str) and 0 < len(found) <= 200 and unstorable(found) is None:
+    return _readable(data, "decision_id", 200)
+
+
+def _readable(data: Any, key: str, limit: int) -> str | None:
+    """The text field `key` of a JSON value, where it is one a decision could have."""
+    found = data.get(key) if isinstance(data, dict) else None
+    if isinstance(found, str) and 0 < len(found) <= limit and unstorable(found) is None:
         return found
     return None
 
 
-def _lenient_id(raw: bytes) -> str | None:
-    """The decision_id of a refused body, read as Python's reader reads JSON (which
-    takes NaN and Infinity): its sender can still match the rejection."""
+def _lenient(reason: str, raw: bytes) -> ParseFailure:
+    """A refused body with what it names, read as Python's reader reads JSON (which
+    takes NaN and Infinity), else its decision_id scanned: its sender can still match
+    the rejection."""
     try:
-        return _readable_id(json.loads(raw.decode("utf-8-sig")))
+        data = json.loads(raw.decode("utf-8-sig"))
     except (UnicodeDecodeError, ValueError, RecursionError):
-        return _scanned_id(raw)
+        return ParseFailure(reason, _scanned_id(raw))
+    return _failure(reason, data)
 
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
