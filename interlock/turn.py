@@ -351,7 +351,7 @@ def _with_refs(message: Message, taken: set[str]) -> Message:
     for part in message.content:
         req = part.tool_request
         if req is not None:
-            ref = req.ref if req.ref and req.ref not in seen else uuid.uuid4().hex
+            ref = req.ref if req.ref and req.ref not in seen else str(uuid.uuid4())
             seen.add(ref)
             given = req.input
             value = given if _is_plain_json(given) else to_json_value(given)

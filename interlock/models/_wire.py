@@ -29,7 +29,7 @@ log = logging.getLogger("interlock.models")
 
 
 def new_ref() -> str:
-    return uuid.uuid4().hex
+    return str(uuid.uuid4())
 
 
 def check_history(messages: Sequence[Message], model: str) -> None:

@@ -36,7 +36,9 @@ def text(value: str) -> Message:
 def tool_call(name: str, input: Any = None, ref: str | None = None) -> Part:
     """A tool-request part (give several to one `reply` for parallel calls)."""
     return Part(
-        tool_request=ToolRequest(name=name, ref=ref or uuid.uuid4().hex, input=to_json_value(input))
+        tool_request=ToolRequest(
+            name=name, ref=ref or str(uuid.uuid4()), input=to_json_value(input)
+        )
     )
 
 
