@@ -222,6 +222,45 @@ def test_secret_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+def test_the_registrys_secret_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Interlock(secret=...)` first, then INTERLOCK_SECRET: a state signed with the given
+    secret is read by a registry given it, and refused by one that takes the variable."""
+    monkeypatch.setenv("INTERLOCK_SECRET", "from-env")
+    agent, tool = store_less_bank(secret="given")
+    same, _ = store_less_bank(secret="given")
+    from_env, _ = store_less_bank(secret=None)
+    out = agent.run_text("Transfer $1 to a")
+    reply = tool.respond(out.interrupts[0], TransferOutput(success=True))
+    with pytest.raises(StatusError) as info:
+        from_env.run(ToolResume(respond=[reply]), state=out.state)
+    assert info.value.status is Status.PERMISSION_DENIED
+    done = same.run(ToolResume(respond=[reply]), state=out.state)
+    assert done.finish_reason is FinishReason.STOP
+
+
+def test_validate_resume_with_state() -> None:
+    """The queue's pre-check works for store-less agents too: it runs the rules on the
+    state's snapshot and writes nothing, so the same state still resumes after it."""
+    agent, tool = store_less_bank()
+    out = agent.run_text("Transfer $500 to savings.")
+    part = out.interrupts[0]
+    wrong = tool.respond(part, TransferOutput(success=True)).model_copy(deep=True)
+    assert wrong.tool_response is not None
+    wrong.tool_response.ref = "no-such-ref"
+    with pytest.raises(StatusError) as info:
+        agent.validate_resume(ToolResume(respond=[wrong]), state=out.state)
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert "not found in session history" in info.value.message
+    reply = tool.respond(part, TransferOutput(success=True, transaction_id="t"))
+    agent.validate_resume(ToolResume(respond=[reply]), state=out.state)
+    tampered = out.state[:-2] + ("A" if out.state[-2] != "A" else "B") + out.state[-1]
+    with pytest.raises(StatusError) as forged:
+        agent.validate_resume(ToolResume(respond=[reply]), state=tampered)
+    assert forged.value.status is Status.PERMISSION_DENIED
+    done = agent.run(ToolResume(respond=[reply]), state=out.state)
+    assert done.text == "Done: transferred $500.00 to savings, transaction t."
+
+
 def test_random_secret_is_one_per_process_and_each_registry_warns(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
