@@ -15,15 +15,14 @@ script that does both on the server (`ROUTE`). It is also atomic: a queue bound 
 the publish gets the message. Where the script cannot stand in, kombu's own path runs
 instead: message priorities, queues with an expiry declared on this channel, a
 dead-letter queue, batched publishes, a newline or NUL in a routing key, a broker
-refusing scripts.
+refusing scripts. Other errors of the script (a queue's key holding another type, Redis
+out of memory or read-only) are raised, as kombu's own push would raise them.
 
 Topic bindings match as AMQP has it, and RabbitMQ routes (`topic_match`), on both
 paths: a binding's words are literal, `*` (exactly one word) or `#` (zero or more
 words). kombu's own regex makes `#` one or more words, so that `turn.interrupted.#` or
 `#.interrupted` would miss `turn.interrupted`, and reads a word such as `a*b` as a
-regex. Other errors of the script (a
-queue's key holding another type, Redis out of memory or read-only) are raised, as
-kombu's own push would raise them.
+regex.
 
 A channel reading one queue with acks (every worker and consumer of Interlock) waits
 with `BLMOVE`, which moves a message to a reading list of its own, and takes it with a
@@ -168,7 +167,7 @@ routing key, message, kombu's field separator, the key prefix of the queues
 (`global_keyprefix`; the client prefixes KEYS[1] itself). A topic binding stored with
 no pattern matches every key, as kombu's empty regex does. Returns how many queues
 got it, or -1 (nothing pushed) where kombu's own path must decide: a newline or NUL in
-the key, a malformed binding."""
+the key (that path matches the same way: `TopicExchange`), a malformed binding."""
 
 
 def topic_match(binding: str, routing_key: str) -> bool:
