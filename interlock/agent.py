@@ -469,10 +469,10 @@ class Agent:
             FinishReason.ABORTED if aborted else FinishReason.FAILED,
         )
         error = exc if isinstance(exc, StatusError) else None
-        snapshot.error = (
+        snapshot.error = (  # what no StatusError says is a bug, ours or a plugin's
             error.to_info()
             if error is not None
-            else StatusError(Status.UNKNOWN, str(exc) or type(exc).__name__).to_info()
+            else StatusError(Status.INTERNAL, f"{type(exc).__name__}: {exc}").to_info()
         )
         try:
             self.store.save_snapshot(snapshot)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -420,13 +421,26 @@ def test_a_bad_line_sends_no_turn_at_all(batch: Batch, tmp_path: Path) -> None:
     assert batch.waiting() == 0
 
 
+def _dead_letter(batch: Batch) -> dict[str, Any]:
+    """The one message kept on `interlock.turns.dead` (acked)."""
+    from events.topology import TURNS_DEAD
+
+    dead = batch.conn.SimpleQueue(TURNS_DEAD)
+    try:
+        message = dead.get(timeout=10)
+        envelope: dict[str, Any] = json.loads(message.body)
+        message.ack()
+    finally:
+        dead.close()
+    return envelope
+
+
 def test_a_turn_whose_store_fails_at_every_try_is_kept_on_the_dead_letter_queue(
     batch: Batch, tmp_path: Path
 ) -> None:
     """Retries do not go on for ever (a tool whose outcome cannot be journaled would run
     at each): past `STORE_RETRIES` the task is kept on `interlock.turns.dead`, with the
     reason and the turn's request, and ends; nothing is dropped."""
-    from events.topology import TURNS_DEAD
     from interlock import AgentInput, Message, Part
     from workers.app import RUN_TURN, STORE_RETRIES, create_app
     from workers.settings import Settings
@@ -443,16 +457,48 @@ def test_a_turn_whose_store_fails_at_every_try_is_kept_on_the_dead_letter_queue(
     assert isinstance(ran.result, dict), ran.result
     assert ran.result["turn_id"] == request["turn_id"], ran.result
     assert "file is not a database" in ran.result["dead_lettered"]
-    dead = batch.conn.SimpleQueue(TURNS_DEAD)
-    try:
-        message = dead.get(timeout=10)
-        envelope = json.loads(message.body)
-        message.ack()
-    finally:
-        dead.close()
+    envelope = _dead_letter(batch)
     assert envelope["turn_id"] == request["turn_id"]
     assert envelope["reason"].startswith(
         f"the store or broker failed {STORE_RETRIES + 1} times: DatabaseError: file is not a"
+    ), envelope["reason"]
+    assert json.loads(envelope["body"]) == {"args": [request], "kwargs": {}}
+
+
+def test_an_unexpected_error_outside_the_turn_is_retried_then_kept_not_dropped(
+    batch: Batch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An error that is neither the turn's answer nor a store or broker failure (a bug
+    in taking the turn's lease, say) would fail the task, and Celery would ack it: the
+    turn gone without an event. It is logged with its traceback, retried as a store
+    failure is, and past `STORE_RETRIES` kept on `interlock.turns.dead`."""
+    from interlock import AgentInput, Message, Part
+    from interlock.stores.sql_journal import SqlTurnJournal
+    from workers.app import RUN_TURN, STORE_RETRIES, create_app
+    from workers.settings import Settings
+    from workers.turns import new_turn_request
+
+    calls: list[str] = []
+
+    def broken(self: SqlTurnJournal, turn_id: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(turn_id)
+        raise RuntimeError("lease bookkeeping broke")
+
+    monkeypatch.setattr(SqlTurnJournal, "begin", broken)
+    store = f"sqlite:///{tmp_path}/ok.db"
+    app = create_app(Settings(broker_url=batch.server.url, store_url=store, app=APP))
+    said = AgentInput(message=Message(role="user", content=[Part(text="Transfer $6 to x")]))
+    request = new_turn_request("bankingAgent", said).model_dump(mode="json")
+    with caplog.at_level(logging.ERROR, logger="interlock.worker"):
+        ran = app.tasks[RUN_TURN].apply(args=[request], retries=STORE_RETRIES - 1)
+    assert ran.state == "SUCCESS", (ran.state, ran.result)
+    assert calls == [request["turn_id"]] * 2, "tried, retried once, then kept"
+    assert "lease bookkeeping broke" in ran.result["dead_lettered"]
+    assert any(r.exc_info and "unexpected RuntimeError" in r.getMessage() for r in caplog.records)
+    envelope = _dead_letter(batch)
+    assert envelope["turn_id"] == request["turn_id"]
+    assert envelope["reason"].startswith(
+        f"running the turn failed {STORE_RETRIES + 1} times: RuntimeError: lease bookkeeping"
     ), envelope["reason"]
     assert json.loads(envelope["body"]) == {"args": [request], "kwargs": {}}
 

@@ -9,6 +9,7 @@ import fcntl
 import multiprocessing
 import os
 import signal
+import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ import pytest
 from services import eventually
 from sql_helpers import checked_at_commit
 from sqlalchemy import func, insert, select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 import interlock.stores.sql
 from interlock import SqlSessionStore
@@ -271,6 +272,33 @@ def test_a_failed_commit_releases_the_lock(store: SqlSessionStore, db: Path) -> 
 
     with pytest.raises(IntegrityError):
         orphan()
+    assert lock_is_free(db)
+    assert finishes(lambda: store.save_snapshot(snapshot("s", 0, None)))
+
+
+def test_a_write_that_cannot_begin_is_a_store_failure(store: SqlSessionStore, db: Path) -> None:
+    """`BEGIN IMMEDIATE` runs from SQLAlchemy's `begin` event. When it fails (here
+    another program, outside the lock file, holds SQLite's write lock past the
+    connection's busy timeout), the error is SQLAlchemy's, as for any statement: a
+    store failure (retried), the lock file let go, and the store usable afterwards."""
+    from interlock.stores.failures import is_store_failure
+
+    with store.engine.connect() as conn:  # the pool's one warm connection: wait 10 ms
+        conn.exec_driver_sql("PRAGMA busy_timeout = 10")
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    caught: Exception | None = None
+    try:
+        with store.writer().begin() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:  # which type is the point: not the driver's own
+        caught = exc
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert isinstance(caught, OperationalError), repr(caught)
+    assert "locked" in str(caught)
+    assert is_store_failure(caught)
     assert lock_is_free(db)
     assert finishes(lambda: store.save_snapshot(snapshot("s", 0, None)))
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, event, func, make_url, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 from sqlmodel import SQLModel
 
@@ -625,23 +626,59 @@ def test_postgres_replaces_an_idle_connection_the_server_dropped(
     try:
         store.save_snapshot(snap("d1"))
         assert store.get_snapshot("d1") is not None
-        name = make_url(pg_url).database
-        admin = create_engine(pg_admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        _terminate_backends(pg_admin, make_url(pg_url).database)
+        monkeypatch.setattr(sql_module, "PING_AFTER", 0.0)
+        got = store.get_snapshot("d1")
+        assert got is not None and got.snapshot_id == "d1"
+    finally:
+        store.close()
+
+
+def test_postgres_a_relaxed_write_on_a_dropped_connection_is_a_store_failure(
+    pg_url: str, pg_admin: str
+) -> None:
+    """A relaxed write begins with `SET LOCAL synchronous_commit`, sent from SQLAlchemy's
+    `begin` event. On a connection the server dropped a moment ago (too recent to be
+    pinged), that statement fails: it is SQLAlchemy's error, a store failure (the turn
+    is retried, not failed or dropped), and the connection is not handed out again."""
+    from interlock.stores.failures import is_store_failure
+
+    store = SqlSessionStore(pg_url)
+    try:
+        store.save_snapshot(snap("r1"))
+        with store.writer(relaxed=True).begin() as conn:
+            assert conn.execute(text("SHOW synchronous_commit")).scalar_one() == "off"
+        _terminate_backends(pg_admin, make_url(pg_url).database)
+        caught: Exception | None = None
+        try:
+            with store.writer(relaxed=True).begin() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:  # which type is the point: not the driver's own
+            caught = exc
+        assert isinstance(caught, DBAPIError), repr(caught)
+        assert caught.connection_invalidated
+        assert is_store_failure(caught)
+        with store.writer(relaxed=True).begin() as conn:  # a new connection
+            assert conn.execute(text("SHOW synchronous_commit")).scalar_one() == "off"
+        assert store.get_snapshot("r1") is not None
+    finally:
+        store.close()
+
+
+def _terminate_backends(pg_admin: str, database: str | None) -> None:
+    admin = create_engine(pg_admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
         with admin.connect() as conn:
             ended = conn.execute(
                 text(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                     " WHERE datname = :d AND pid <> pg_backend_pid()"
                 ),
-                {"d": name},
+                {"d": database},
             ).scalar_one()
-        admin.dispose()
-        assert ended >= 1
-        monkeypatch.setattr(sql_module, "PING_AFTER", 0.0)
-        got = store.get_snapshot("d1")
-        assert got is not None and got.snapshot_id == "d1"
     finally:
-        store.close()
+        admin.dispose()
+    assert ended >= 1
 
 
 def test_postgres_a_failed_ping_retires_the_older_connections_too(
@@ -659,17 +696,7 @@ def test_postgres_a_failed_ping_retires_the_older_connections_too(
         first.close()
         second.close()
         time.sleep(0.2)
-        name = make_url(pg_url).database
-        admin = create_engine(pg_admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-        with admin.connect() as conn:
-            conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = :d AND pid <> pg_backend_pid()"
-                ),
-                {"d": name},
-            )
-        admin.dispose()
+        _terminate_backends(pg_admin, make_url(pg_url).database)
         monkeypatch.setattr(sql_module, "PING_AFTER", 0.1)  # idle long enough: pinged
         with store.engine.connect() as a:
             monkeypatch.setattr(sql_module, "PING_AFTER", 3600.0)  # recent enough: not

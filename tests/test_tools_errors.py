@@ -677,3 +677,25 @@ def test_status_of_walks_the_cause_chain() -> None:
     a.__cause__ = b
     b.__cause__ = a
     assert status_of(a) is Status.DATA_LOSS
+
+
+def test_an_error_no_status_names_is_kept_as_internal_with_its_type() -> None:
+    """What raises out of a turn without a StatusError in it (here the caller's own
+    chunk listener) is re-raised as it is, and the failed snapshot kept for inspection
+    says INTERNAL with the error's type, as the worker's log and `turn.failed` do."""
+    ai = Interlock(secret="t")
+    scripted.define(ai, "hello", lambda request: scripted.text("hello"))
+    store = InMemorySessionStore()
+    agent = ai.define_agent("greeter", model="scripted/hello", store=store)
+
+    def listener(chunk: Any) -> None:
+        raise ValueError("listener broke")
+
+    with pytest.raises(ValueError, match="listener broke"):
+        agent.run_text("hi", on_chunk=listener)
+    [failed] = store.list_snapshots(status=SnapshotStatus.FAILED)
+    assert failed.error is not None
+    assert (failed.error.status, failed.error.message) == (
+        Status.INTERNAL,
+        "ValueError: listener broke",
+    )

@@ -80,7 +80,10 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
             _again(self, busy, busy_retry_countdown(settings))
         except Exception as exc:
             if not retried(exc):
-                raise
+                # Not the turn's answer (run_task answers a turn's own failures): an
+                # error taking, ending or recording the turn. Retried as a store failure
+                # is, then kept on interlock.turns.dead: Celery would ack and drop it.
+                log.exception("turn task %s: unexpected %s", self.request.id, type(exc).__name__)
             tries = int(self.request.retries or 0)
             burst = burst_idle() is not None  # a batch job gives up sooner
             limit = BURST_CONNECT_RETRIES if burst else STORE_RETRIES
@@ -127,9 +130,13 @@ def _give_up(
     run, and the worker stops with exit 1 (`BurstRequest`)."""
     turn_id = _turn_id(args, kwargs)
     raise BurstGaveUp(
-        f"the store or broker failed {tries + 1} times in a row: {type(exc).__name__}: "
+        f"{_failed(exc)} {tries + 1} times in a row: {type(exc).__name__}: "
         f"{one_line(exc)} (turn {turn_id} requeued, and still queued on {TURNS})"
     ) from exc
+
+
+def _failed(exc: BaseException) -> str:
+    return "the store or broker failed" if retried(exc) else "running the turn failed"
 
 
 def _turn_id(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -140,9 +147,10 @@ def _turn_id(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def _keep_dead(
     runtime: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException, tries: int
 ) -> dict[str, Any]:
-    """Keep a turn whose store or broker failed at every try on `interlock.turns.dead`,
-    with the reason (its body the task's arguments, as JSON), and end the task."""
-    reason = f"the store or broker failed {tries + 1} times: {type(exc).__name__}: {one_line(exc)}"
+    """Keep a turn whose store or broker failed at every try (or that met an unexpected
+    error at every try) on `interlock.turns.dead`, with the reason (its body the task's
+    arguments, as JSON), and end the task."""
+    reason = f"{_failed(exc)} {tries + 1} times: {type(exc).__name__}: {one_line(exc)}"
     body = json.dumps({"args": list(args), "kwargs": kwargs}, default=str).encode()
     turn_id = _turn_id(args, kwargs)
     try:

@@ -259,6 +259,10 @@ _BY_TURN = (
 )
 
 
+_RELAXED = "SET LOCAL synchronous_commit TO OFF"
+"""What a relaxed write transaction runs first on PostgreSQL."""
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine configured the way the store needs it.
 
@@ -293,7 +297,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             if conn.get_execution_options().get("interlock_relaxed", False):
                 cursor = conn.connection.cursor()
                 try:  # the driver opens the transaction with it
-                    cursor.execute("SET LOCAL synchronous_commit TO OFF")
+                    cursor.execute(_RELAXED)
+                except BaseException as exc:
+                    # SQLAlchemy does not see what this event runs: wrap the driver's
+                    # error as its own are (a lost connection is then invalidated, and
+                    # is a store failure, retried), not let it out raw.
+                    conn._handle_dbapi_exception(exc, _RELAXED, None, cursor, None)
                 finally:
                     cursor.close()
 
@@ -368,19 +377,25 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
                 write_lock.release(dbapi_conn)  # a write before it on this connection ended
         # Straight to the driver: this runs for every transaction, and SQLAlchemy's
         # statement machinery would cost more than the BEGIN itself.
+        statement: str | None = None
         try:
             cursor = conn.connection.cursor()
             try:
-                pragma = _sync_for(conn, write)
-                if pragma is not None:
-                    cursor.execute(pragma)
-                cursor.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                statement = _sync_for(conn, write)
+                if statement is not None:
+                    cursor.execute(statement)
+                statement = "BEGIN IMMEDIATE" if write else "BEGIN"
+                cursor.execute(statement)
             finally:
                 cursor.close()
-        except BaseException:
+        except BaseException as exc:
             if write_lock is not None:
                 write_lock.release(dbapi_conn)
-            raise
+            if statement is None:
+                raise
+            # As SQLAlchemy raises its own statements' errors (a locked or broken
+            # database is then a store failure), not the driver's raw.
+            conn._handle_dbapi_exception(exc, statement, None, None, None)
 
     if write_lock is not None:
         write_lock.listen(engine)
