@@ -477,9 +477,9 @@ def test_each_decision_read_leaves_one_line_in_the_log(
         f"PERMISSION_DENIED: resume_token does not match snapshot {body['snapshot_id']}",
         f"decision {body['decision_id']} accepted: snapshot {body['snapshot_id']} resumes "
         f"as turn {request['turn_id']}",
-        "kept an unreadable decision on interlock.decisions.dead: unknown schema_version "
-        "null; this consumer reads 1",
-        "decision (without an id) rejected (snapshot None): INVALID_ARGUMENT: unknown "
-        "schema_version null; this consumer reads 1",
+        "kept an unreadable decision on interlock.decisions.dead: schema_version is "
+        "missing; this consumer reads 1",
+        "decision (without an id) rejected (snapshot None): INVALID_ARGUMENT: "
+        "schema_version is missing; this consumer reads 1",
     ], lines
     assert consumer.handled == 3

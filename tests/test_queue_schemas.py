@@ -263,3 +263,30 @@ def test_the_decision_log_keeps_no_token_of_a_body_no_json_reader_takes(rest: by
     kept = without_token(body)
     assert "s3cr" not in kept
     assert kept.startswith('{"decision_id": "d", "resume_token" : null, ')
+
+
+@pytest.mark.parametrize(
+    ("version", "reason"),
+    [
+        (None, "schema_version is missing; this consumer reads 1"),
+        ("null", "unknown schema_version null; this consumer reads 1"),
+        ("2", "unknown schema_version 2; this consumer reads 1"),
+        ('"1"', 'unknown schema_version "1"; this consumer reads 1'),
+    ],
+    ids=["missing", "null", "two", "a-string"],
+)
+def test_a_refused_decision_names_what_it_gave(version: str | None, reason: str) -> None:
+    """Refused at the first check, a JSON object still gives its decision_id, reviewer
+    and snapshot_id to the rejection, where they are text a decision could hold; and the
+    reason says whether schema_version was missing or wrong."""
+    from workers.decisions import ParseFailure, parse_decision
+
+    given = "" if version is None else f'"schema_version": {version}, '
+    raw = (
+        "{" + given + '"decision_id": "d-1", "snapshot_id": "s-1", "reviewer": "ann@example.com"}'
+    ).encode()
+    failure = parse_decision(raw, "application/json")
+    assert failure == ParseFailure(reason, "d-1", reviewer="ann@example.com", snapshot_id="s-1")
+    long = json.dumps({"decision_id": "d-2", "snapshot_id": "s" * 201, "reviewer": "r" * 501})
+    refused = parse_decision(long.encode(), "application/json")
+    assert refused == ParseFailure("schema_version is missing; this consumer reads 1", "d-2")

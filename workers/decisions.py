@@ -74,7 +74,9 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
         return _lenient(data.reason, raw)
     if not isinstance(data, dict):
         return ParseFailure(f"decision must be a JSON object, not {type(data).__name__}")
-    version = data.get("schema_version")
+    if "schema_version" not in data:
+        return _failure("schema_version is missing; this consumer reads 1", data)
+    version = data["schema_version"]
     if isinstance(version, bool) or version != 1:  # true == 1 in Python, not in JSON
         return _failure(
             f"unknown schema_version {json.dumps(version)}; this consumer reads 1", data
