@@ -461,17 +461,20 @@ def test_each_decision_read_leaves_one_line_in_the_log(
 ) -> None:
     """An operator sees what became of every decision without reading the queues:
     accepted (and the turn it resumes as), rejected (and why), or unreadable (and kept
-    on the dead-letter queue)."""
+    on the dead-letter queue); a decision_id sent again says that its first outcome went
+    out again."""
     body = rig.paused(7)
     wrong = {**body, "decision_id": str(uuid.uuid4()), "resume_token": "not-the-token"}
     consumer = rig.consumer()
-    for sent in (json.dumps(wrong), json.dumps(body), json.dumps({"hello": 1})):
+    sent_in_turn = (wrong, body, {"hello": 1}, wrong, body)
+    for sent in map(json.dumps, sent_in_turn):
         rig.rt.publisher.publish_decision(sent)
         message = rig.decisions.get(timeout=10)
         with caplog.at_level(logging.INFO, logger="interlock.consumer"):
             consumer.on_message(message)
     lines = [r.getMessage() for r in caplog.records if r.name == "interlock.consumer"]
-    [request] = rig.enqueued()
+    request, again = rig.enqueued()  # the repeat enqueues the same turn: it runs once
+    assert again["turn_id"] == request["turn_id"]
     assert lines == [
         f"decision {wrong['decision_id']} rejected (snapshot {body['snapshot_id']}): "
         f"PERMISSION_DENIED: resume_token does not match snapshot {body['snapshot_id']}",
@@ -481,5 +484,10 @@ def test_each_decision_read_leaves_one_line_in_the_log(
         "missing; this consumer reads 1",
         "decision (without an id) rejected (snapshot None): INVALID_ARGUMENT: "
         "schema_version is missing; this consumer reads 1",
+        f"decision {wrong['decision_id']} rejected again (decided before) (snapshot "
+        f"{body['snapshot_id']}): PERMISSION_DENIED: resume_token does not match snapshot "
+        f"{body['snapshot_id']}",
+        f"decision {body['decision_id']} accepted again (decided before): snapshot "
+        f"{body['snapshot_id']} resumes as turn {request['turn_id']}",
     ], lines
-    assert consumer.handled == 3
+    assert consumer.handled == 5

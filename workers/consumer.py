@@ -76,6 +76,7 @@ class ResumeConsumer(ConsumerMixin):
         self.heartbeat = Path(heartbeat_file) if heartbeat_file else None
         self.handled = 0
         self.failing = 0  # decisions requeued in a row because the store or broker failed
+        self._repeated = False  # the decision in hand was decided before: `_repeat`
         self.gave_up: Exception | None = None
         # kombu inflates a compressed body before any check here: never past the limit.
         bound_decompression(MAX_DECISION_BYTES)
@@ -150,6 +151,7 @@ class ResumeConsumer(ConsumerMixin):
     def _process(self, message: KombuMessage, headers: dict[str, Any]) -> None:
         body = message.body
         outcome: EventBase | None = None
+        self._repeated = False
         try:
             try:
                 outcome = self.handle(body, message.content_type, headers)
@@ -171,7 +173,7 @@ class ResumeConsumer(ConsumerMixin):
         self.failing = 0
         self.handled += 1
         if outcome is not None:  # logged once it is settled: a log never requeues it
-            _log_outcome(outcome)
+            _log_outcome(outcome, repeated=self._repeated)
 
     def unprocessable(self, body: bytes | str, headers: dict[str, Any], exc: Exception) -> None:
         """Dead-letter a message that raised, and reject it (INTERNAL), recorded as its
@@ -298,6 +300,7 @@ class ResumeConsumer(ConsumerMixin):
         evaluation. An accepted one then has its resume enqueued again: the delivery
         that accepted it may have died, or failed to enqueue, after the commit. It is the
         same turn (its id comes from the decision_id), and workers run a turn id once."""
+        self._repeated = True
         self.rt.publisher.publish_raw_event(prior.event_type, prior.event_body)
         if prior.outcome == "accepted":
             self._enqueue_again(prior)
@@ -350,19 +353,23 @@ class ResumeConsumer(ConsumerMixin):
         return event
 
 
-def _log_outcome(event: EventBase) -> None:
-    """One line per decision handled, for the operator: what became of it."""
+def _log_outcome(event: EventBase, *, repeated: bool = False) -> None:
+    """One line per decision handled, for the operator: what became of it (`repeated`:
+    a decision_id decided before, whose first outcome went out again)."""
+    again = " again (decided before)" if repeated else ""
     if isinstance(event, DecisionAccepted):
         log.info(
-            "decision %s accepted: snapshot %s resumes as turn %s",
+            "decision %s accepted%s: snapshot %s resumes as turn %s",
             event.decision_id,
+            again,
             event.snapshot_id,
             event.turn_id,
         )
     elif isinstance(event, DecisionRejected):
         log.info(
-            "decision %s rejected (snapshot %s): %s: %s",
+            "decision %s rejected%s (snapshot %s): %s: %s",
             event.decision_id or "(without an id)",
+            again,
             event.snapshot_id,
             event.error.status.value,
             event.error.message,
