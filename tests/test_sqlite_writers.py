@@ -22,6 +22,7 @@ from sql_helpers import checked_at_commit
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+import interlock.stores.engine
 import interlock.stores.sql
 from interlock import SqlSessionStore
 from schemas import FinishReason, Message, Snapshot, SnapshotStatus
@@ -123,7 +124,7 @@ def test_a_stopped_holder_delays_writers_but_does_not_hang_them(
 ) -> None:
     """Another process holds the lock file and never lets go (stopped, not dead): after
     the lock timeout a writer goes on, and SQLite's own locking decides."""
-    monkeypatch.setattr(interlock.stores.sql, "_LOCK_TIMEOUT", 0.3)
+    monkeypatch.setattr(interlock.stores.engine, "_LOCK_TIMEOUT", 0.3)
     fd = os.open(f"{db}.writelock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: as another process would
@@ -157,7 +158,7 @@ def test_a_writer_waits_for_a_held_lock_without_polling(
     returns as the holder lets go: not by trying again and sleeping in between."""
     store.save_snapshot(snapshot("s", 0, None))  # the lock's file is open here
     counting = _CountingFcntl()
-    monkeypatch.setattr(interlock.stores.sql, "fcntl", counting)
+    monkeypatch.setattr(interlock.stores.engine, "fcntl", counting)
     fd = os.open(f"{db}.writelock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: as another process would
     writer = threading.Thread(target=store.save_snapshot, args=(snapshot("s", 1, "s-0"),))
@@ -180,7 +181,7 @@ def test_a_lock_got_after_the_writer_gave_up_is_let_go(
 ) -> None:
     """The wait ends at the lock timeout; when the holder lets go later, the lock the
     helper then takes is released, not kept from every other writer."""
-    monkeypatch.setattr(interlock.stores.sql, "_LOCK_TIMEOUT", 0.2)
+    monkeypatch.setattr(interlock.stores.engine, "_LOCK_TIMEOUT", 0.2)
     fd = os.open(f"{db}.writelock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -202,10 +203,10 @@ def test_the_helper_thread_ends_when_idle_and_starts_again(
 ) -> None:
     """The helper that waits for a contended lock ends after a while with nothing to do;
     the next contended write starts a new one, and waits as before."""
-    monkeypatch.setattr(interlock.stores.sql, "_WAITER_IDLE", 0.1)
+    monkeypatch.setattr(interlock.stores.engine, "_WAITER_IDLE", 0.1)
     store.save_snapshot(snapshot("s", 0, None))
 
-    lock = interlock.stores.sql._WriteLock.beside(str(db))
+    lock = interlock.stores.engine._WriteLock.beside(str(db))
     assert lock is not None
 
     def helpers() -> int:  # this lock's helper thread: 1 while it runs
@@ -249,8 +250,8 @@ def test_a_helper_that_cannot_lock_lets_writers_go_on_at_once(
     """The blocking flock fails: the waiting writer goes on without the lock file (SQLite
     orders the writers), at once rather than after the lock timeout, and so do later ones."""
     store.save_snapshot(snapshot("s", 0, None))
-    monkeypatch.setattr(interlock.stores.sql, "fcntl", _NoBlockingLocks())
-    monkeypatch.setattr(interlock.stores.sql, "_LOCK_TIMEOUT", 3600.0)
+    monkeypatch.setattr(interlock.stores.engine, "fcntl", _NoBlockingLocks())
+    monkeypatch.setattr(interlock.stores.engine, "_LOCK_TIMEOUT", 3600.0)
     fd = os.open(f"{db}.writelock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # held elsewhere: the writer must wait, and cannot
@@ -364,7 +365,7 @@ def test_a_forked_child_gets_a_lock_of_its_own(store: SqlSessionStore, db: Path)
     parent to release it, not (for the 30 s before giving up) on its copy of the
     parent's thread lock."""
     store.save_snapshot(snapshot("parent", 0, None))  # the lock's file is open here
-    lock = interlock.stores.sql._WriteLock.beside(str(db))
+    lock = interlock.stores.engine._WriteLock.beside(str(db))
     assert lock is not None
     holder = object()
     lock.acquire(holder)  # as a write transaction of another thread would
@@ -399,7 +400,7 @@ def test_a_forked_child_gets_a_lock_of_its_own(store: SqlSessionStore, db: Path)
 def test_without_flock_writers_rely_on_sqlite(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(interlock.stores.sql, "fcntl", None)
+    monkeypatch.setattr(interlock.stores.engine, "fcntl", None)
     db = tmp_path / "plain.db"
     store = SqlSessionStore(f"sqlite:///{db}")
     try:

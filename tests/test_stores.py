@@ -591,7 +591,7 @@ def test_postgres_pings_only_connections_that_sat_idle(
 ) -> None:
     """A busy store reuses its pooled connections without a ping (a round trip per
     transaction); one that sat idle for `PING_AFTER` is pinged first."""
-    import interlock.stores.sql as sql_module
+    import interlock.stores.engine as engine_module
 
     store = SqlSessionStore(pg_url)
     pings: list[int] = []
@@ -607,7 +607,7 @@ def test_postgres_pings_only_connections_that_sat_idle(
         for _ in range(5):
             assert store.get_snapshot("p1") is not None
         assert pings == [], "used a moment ago: no ping"
-        monkeypatch.setattr(sql_module, "PING_AFTER", 0.0)
+        monkeypatch.setattr(engine_module, "PING_AFTER", 0.0)
         for _ in range(3):
             assert store.get_snapshot("p1") is not None
         assert len(pings) == 3, "idle long enough (here: at all): pinged at each checkout"
@@ -620,14 +620,14 @@ def test_postgres_replaces_an_idle_connection_the_server_dropped(
 ) -> None:
     """The server ends the pool's connections (a restart, an idle timeout); once they sat
     idle for `PING_AFTER`, the next call gets a new connection and succeeds."""
-    import interlock.stores.sql as sql_module
+    import interlock.stores.engine as engine_module
 
     store = SqlSessionStore(pg_url)
     try:
         store.save_snapshot(snap("d1"))
         assert store.get_snapshot("d1") is not None
         _terminate_backends(pg_admin, make_url(pg_url).database)
-        monkeypatch.setattr(sql_module, "PING_AFTER", 0.0)
+        monkeypatch.setattr(engine_module, "PING_AFTER", 0.0)
         got = store.get_snapshot("d1")
         assert got is not None and got.snapshot_id == "d1"
     finally:
@@ -687,7 +687,7 @@ def test_postgres_a_failed_ping_retires_the_older_connections_too(
     """The server dropped every connection; the first one checked out sat idle long
     enough to be pinged, the second counts as used a moment ago (no ping). The failed
     ping retires both, so neither call fails."""
-    import interlock.stores.sql as sql_module
+    import interlock.stores.engine as engine_module
 
     store = SqlSessionStore(pg_url)
     try:
@@ -697,9 +697,9 @@ def test_postgres_a_failed_ping_retires_the_older_connections_too(
         second.close()
         time.sleep(0.2)
         _terminate_backends(pg_admin, make_url(pg_url).database)
-        monkeypatch.setattr(sql_module, "PING_AFTER", 0.1)  # idle long enough: pinged
+        monkeypatch.setattr(engine_module, "PING_AFTER", 0.1)  # idle long enough: pinged
         with store.engine.connect() as a:
-            monkeypatch.setattr(sql_module, "PING_AFTER", 3600.0)  # recent enough: not
+            monkeypatch.setattr(engine_module, "PING_AFTER", 3600.0)  # recent enough: not
             with store.engine.connect() as b:
                 assert a.execute(text("SELECT 1")).scalar_one() == 1
                 assert b.execute(text("SELECT 1")).scalar_one() == 1
