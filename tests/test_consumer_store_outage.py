@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -78,7 +79,7 @@ def database_away(admin_url: str, url: str) -> Iterator[int]:
 
 
 def test_decision_delivered_while_the_database_is_away_is_requeued_then_accepted(
-    rig: Rig, dead: Any, pg_admin: str, pg_url: str
+    rig: Rig, dead: Any, pg_admin: str, pg_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The database goes away with a valid decision on the queue. Delivered then, the
     decision raises nothing out of `on_message`, is not acked, gets no outcome event, is
@@ -96,8 +97,13 @@ def test_decision_delivered_while_the_database_is_away_is_requeued_then_accepted
 
     with database_away(pg_admin, pg_url) as terminated:
         assert terminated >= 1
-        consumer.on_message(message)  # the store fails: requeued, nothing raised
+        with caplog.at_level(logging.WARNING, logger="interlock.consumer"):
+            consumer.on_message(message)  # the store fails: requeued, nothing raised
         assert consumer.handled == 0
+        said = [r for r in caplog.records if r.name == "interlock.consumer"]
+        assert [(r.levelno, r.exc_info is None) for r in said] == [(logging.WARNING, True)]
+        assert said[0].getMessage().startswith("decision could not be processed (")
+        assert said[0].getMessage().endswith("); requeueing it")
         assert rig.published() == []
         with pytest.raises(dead.Empty):
             dead.get_nowait()

@@ -22,6 +22,7 @@ from events.publisher import declare
 from events.redis_transport import UNREADABLE
 from events.topology import DECISIONS, DECISIONS_DEAD
 from interlock import StatusError
+from interlock.stores.failures import first_line as one_line
 from schemas import (
     MAX_DECISION_BYTES,
     Decision,
@@ -36,6 +37,7 @@ from schemas import (
 
 from .app import runtime_of, send_turn
 from .decisions import ParseFailure, evaluate, parse_decision, resume_request
+from .turns import retried
 
 __all__ = ["EnqueueError", "ResumeConsumer", "StopRequested"]
 
@@ -162,7 +164,14 @@ class ResumeConsumer(ConsumerMixin):
                 self.unprocessable(body, headers, exc)
         except Exception as exc:
             # The store or the broker failed: leave the decision queued and try again.
-            log.exception("decision could not be processed; requeueing it")
+            if retried(exc) or isinstance(exc, EnqueueError):  # an outage: one line
+                log.warning(
+                    "decision could not be processed (%s: %s); requeueing it",
+                    type(exc).__name__,
+                    one_line(exc),
+                )
+            else:
+                log.exception("decision could not be processed; requeueing it")
             time.sleep(1)
             message.requeue()
             self.failing += 1
