@@ -4,6 +4,7 @@ refused before it ran has had its answer, and a second delivery does not run it.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -523,3 +524,34 @@ def test_store_and_broker_errors_are_retried_but_those_the_turn_causes_are_answe
     for caused_by_the_turn in (db.DataError, db.IntegrityError):
         assert not retried(wrapped(caused_by_the_turn)), caused_by_the_turn
     assert not retried(ValueError("a bug"))
+
+
+def test_an_outage_is_one_warning_line_and_a_bug_an_error_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What a worker logs when publishing events or renewing leases fails: a store that
+    went away is a WARNING line naming the error (it is retried); anything else is a
+    bug, logged at ERROR with its traceback."""
+    from sqlalchemy.exc import OperationalError
+
+    from workers.turns import _log_failure
+
+    lost = OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+    with caplog.at_level(logging.WARNING, logger="interlock.worker"):
+        try:
+            raise lost
+        except OperationalError as exc:
+            _log_failure(exc, "renewing turn leases failed")
+        try:
+            raise KeyError("holder")
+        except KeyError as exc:
+            _log_failure(exc, "renewing turn leases failed")
+    said = [r for r in caplog.records if r.name == "interlock.worker"]
+    assert [(r.levelno, r.exc_info is not None) for r in said] == [
+        (logging.WARNING, False),
+        (logging.ERROR, True),
+    ]
+    assert said[0].getMessage() == (
+        "renewing turn leases failed (OperationalError: server closed the connection)"
+    )
+    assert said[1].getMessage() == "renewing turn leases failed"

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from interlock import AgentInput, InterlockError, Status, StatusError
 from interlock.journal import TurnJournal
-from interlock.stores.failures import is_store_failure
+from interlock.stores.failures import first_line, is_store_failure
 from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, TurnStartKind
 from interlock.tools import brief
 from schemas import SnapshotStatus, TurnFailed, TurnRequest
@@ -250,8 +250,17 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, A
 def _flush(rt: Runtime) -> None:
     try:
         rt.relay.flush()
-    except Exception:
-        log.exception("publishing events failed; the outbox relay will send them later")
+    except Exception as exc:
+        _log_failure(exc, "publishing events failed; the outbox relay will send them later")
+
+
+def _log_failure(exc: Exception, what: str) -> None:
+    """An outage of the store or broker in one WARNING line; any other error at ERROR,
+    with its traceback."""
+    if retried(exc):
+        log.warning("%s (%s: %s)", what, type(exc).__name__, first_line(exc))
+    else:
+        log.exception("%s", what)
 
 
 class _FirstRun:
@@ -285,8 +294,8 @@ class _Renewals:
                 return
             try:
                 journal.renew_held(self._ttl)
-            except Exception:
-                log.exception("renewing turn leases failed")
+            except Exception as exc:
+                _log_failure(exc, "renewing turn leases failed")
             del journal
 
 
