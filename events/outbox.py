@@ -44,6 +44,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, ExceptionContext
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from schemas import EventBase, Snapshot, utcnow
@@ -282,8 +284,8 @@ class Outbox:
         self._stop.clear()
         try:
             self.flush_marks()
-        except Exception:
-            log.exception("marking outbox rows sent failed; sweeps will publish them again")
+        except Exception as exc:
+            _log_failure(exc, "marking outbox rows sent failed; sweeps will publish them again")
 
     def _mark_loop(self) -> None:
         while True:
@@ -293,8 +295,8 @@ class Outbox:
             self._wake.clear()
             try:
                 self.flush_marks()
-            except Exception:
-                log.exception("marking outbox rows sent failed; trying again in a second")
+            except Exception as exc:
+                _log_failure(exc, "marking outbox rows sent failed; trying again in a second")
                 if self._stop.wait(_MARK_RETRY):  # the store is down: do not spin on it
                     return
                 self._wake.set()
@@ -386,6 +388,18 @@ class Outbox:
         # is published again (events carry ids) and its row marked again.
         with self.store.writer(relaxed=True).begin() as conn:
             self._mark_sent.executemany(conn, params)
+
+
+def _log_failure(exc: Exception, what: str) -> None:
+    """The store's own error (it went away, a table is missing) in one WARNING line, as
+    the rows are marked or swept later anyway; anything else at ERROR, with its
+    traceback."""
+    if isinstance(exc, DBAPIError | PoolTimeout):
+        cause = getattr(exc, "orig", None) or exc
+        said = (str(cause).strip().splitlines() or [""])[0]
+        log.warning("%s (%s: %s)", what, type(exc).__name__, said)
+    else:
+        log.exception("%s", what)
 
 
 def _erase_token(body: str) -> str:

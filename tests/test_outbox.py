@@ -3,6 +3,7 @@ marked sent in batches, leftovers of dead processes swept after the grace."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import threading
 import time
@@ -207,6 +208,9 @@ def test_marks_that_fail_are_retried_without_spinning(
         threading.Event().wait(0.5)  # half the retry pause: no other attempt in it
         failures = caplog.text.count("marking outbox rows sent failed")
         assert failures == 1, f"{failures} attempts in half a second"
+        [said] = [r for r in caplog.records if "marking outbox rows" in r.getMessage()]
+        assert (said.levelno, said.exc_info) == (logging.WARNING, None), "one line, no traceback"
+        assert "interlock_outbox" in said.getMessage()  # what the store said is in it
     finally:
         with store.writer().begin() as conn:
             conn.execute(text("ALTER TABLE interlock_outbox_away RENAME TO interlock_outbox"))
