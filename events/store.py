@@ -17,12 +17,7 @@ __all__ = ["Rows", "SqlStore", "Statement"]
 
 
 class Rows(Protocol):
-    """What a hot statement returned: its rows as tuples, and the driver's row count."""
-
-    @property
-    def rowcount(self) -> int: ...
-
-    def all(self) -> list[tuple[Any, ...]]: ...
+    """What a hot statement returned, as the tables beside the store read it."""
 
     def scalar(self) -> Any: ...
 
