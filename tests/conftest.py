@@ -6,7 +6,10 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from services import (
+from sqlalchemy.engine import make_url
+
+from interlock import Interlock
+from tests.services import (
     RedisServer,
     create_pg_database,
     drop_pg_database,
@@ -14,9 +17,6 @@ from services import (
     service_unavailable,
     start_redis,
 )
-from sqlalchemy.engine import make_url
-
-from interlock import Interlock
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The registry of the fault tests (`--app fault_app:ai`, with tests/ on PYTHONPATH).
+"""The registry of the fault tests (`--app tests.fault_app:ai`, with the repository root on
+PYTHONPATH).
 
 One agent, `faultAgent`, with one tool, `charge`. The user's message is a JSON plan
 (`Plan`): a tag naming the turn, and how the turn should behave:

@@ -54,12 +54,12 @@ from kombu.connection import Connection
 from kombu.entity import Queue
 from kombu.message import Message as KombuMessage
 from kombu.messaging import Consumer, Producer
-from services import create_pg_database, drop_pg_database, service_unavailable, start_redis
 
 from events.publisher import Publisher
 from events.stream import EventStream
 from events.topology import DECISIONS_DEAD, INTERRUPTED, TURNS, TURNS_DEAD, all_queues, event_queue
 from schemas import EventBase
+from tests.services import create_pg_database, drop_pg_database, service_unavailable, start_redis
 
 __all__ = [
     "AGENT",

@@ -15,8 +15,6 @@ from typing import Any, cast
 import pytest
 from kombu.connection import Connection
 from kombu.exceptions import OperationalError as BrokerError
-from services import eventually, free_port
-from sql_helpers import checked_at_commit
 from sqlalchemy import event, insert, text
 from sqlalchemy.exc import IntegrityError
 
@@ -34,6 +32,8 @@ from schemas import (
     TurnExpired,
     TurnInterrupted,
 )
+from tests.services import eventually, free_port
+from tests.sql_helpers import checked_at_commit
 
 WAIT = 10.0
 """Seconds any wait here may take before the test fails."""

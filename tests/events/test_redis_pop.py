@@ -38,7 +38,7 @@ from events.redis_pop import (
 )
 from events.redis_transport import UNREADABLE, Transport, envelope
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 DIES_ON_RECEIPT = """
 import os, sys

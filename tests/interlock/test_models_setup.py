@@ -9,11 +9,11 @@ import logging
 from collections.abc import Callable
 
 import pytest
-from services import free_port
 
 from interlock import Interlock, Message, ModelRequest, Part, Status, StatusError
 from interlock.models import Model, ModelError, RetryPolicy
 from interlock.models import openai as openai_models
+from tests.services import free_port
 
 ENV_VARS = (
     "INTERLOCK_MODEL_MAX_ATTEMPTS",

@@ -10,17 +10,6 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from fake_llm_server import (
-    FakeLLMServer,
-    Reply,
-    anthropic_error,
-    anthropic_message,
-    anthropic_stream,
-    anthropic_text,
-    anthropic_tool_pairs,
-    anthropic_tool_use,
-    split,
-)
 
 from examples.banking import ApprovalReply, TransferOutput, transferMoney
 from interlock import (
@@ -40,6 +29,17 @@ from interlock import (
 )
 from interlock.models import ModelError, RetryPolicy
 from interlock.models.anthropic import AnthropicModel, finish_reason
+from tests.fake_llm_server import (
+    FakeLLMServer,
+    Reply,
+    anthropic_error,
+    anthropic_message,
+    anthropic_stream,
+    anthropic_text,
+    anthropic_tool_pairs,
+    anthropic_tool_use,
+    split,
+)
 
 pytest.importorskip("anthropic")  # the optional extra; `make install` brings it
 

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 from kombu.connection import Connection
 from kombu.messaging import Producer
-from queue_helpers import Service, child_env, decision, interlock_bin, run_cli
-from services import free_port, start_redis
 
 from events.publisher import declare
 from events.topology import event_queue
 from interlock import FinishReason, SqlSessionStore
+from tests.queue_helpers import Service, child_env, decision, interlock_bin, run_cli
+from tests.services import free_port, start_redis
 from workers.burst import BURST_CONNECT_RETRIES
 
 APP = "examples.banking:ai"

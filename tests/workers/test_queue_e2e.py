@@ -25,7 +25,11 @@ from datetime import datetime
 from typing import Any, cast
 
 import pytest
-from queue_helpers import (
+from sqlalchemy import create_engine, text
+
+from interlock import SqlSessionStore
+from schemas import DecisionRejected, ErrorInfo, Status, TurnExpired, TurnInterrupted
+from tests.queue_helpers import (
     AGENT,
     APP,
     Dashboard,
@@ -43,11 +47,7 @@ from queue_helpers import (
     run_cli,
     stream_queue,
 )
-from services import eventually
-from sqlalchemy import create_engine, text
-
-from interlock import SqlSessionStore
-from schemas import DecisionRejected, ErrorInfo, Status, TurnExpired, TurnInterrupted
+from tests.services import eventually
 
 # -------------------------------------------------------------------------- fixtures
 

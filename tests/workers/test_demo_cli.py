@@ -10,7 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from queue_helpers import (
+
+from schemas import TurnInterrupted
+from tests.queue_helpers import (
     AGENT,
     APP,
     CliResult,
@@ -22,9 +24,7 @@ from queue_helpers import (
     module_stack,
     run_cli,
 )
-from services import free_port
-
-from schemas import TurnInterrupted
+from tests.services import free_port
 
 # -------------------------------------------------------------------------- the demo
 

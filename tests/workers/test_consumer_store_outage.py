@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
-from services import eventually
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool, QueuePool
-from test_consumer_commit import Rig
 
 from events.topology import DECISIONS_DEAD
+from tests.services import eventually
+from tests.workers.test_consumer_commit import Rig
 
 REQUEUED_TIMEOUT = 10.0
 """Seconds to wait for a requeued decision to be readable again (it takes milliseconds)."""

@@ -7,8 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from queue_helpers import APP, READY_TIMEOUT, Service, child_env, run_cli
-
+from tests.queue_helpers import APP, READY_TIMEOUT, Service, child_env, run_cli
 from workers.heartbeat import EVERY
 
 

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.transport.virtual.exchange import TopicExchange
-from queue_helpers import rabbitmq_vhost
 
 from events.publisher import Publisher
 from events.redis_transport import (
@@ -29,6 +28,7 @@ from events.redis_transport import (
     transport_for,
 )
 from events.topology import EVENTS
+from tests.queue_helpers import rabbitmq_vhost
 from workers.app import create_app
 from workers.runtime import Runtime
 from workers.settings import Settings

@@ -11,18 +11,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from fake_llm_server import (
-    FakeLLMServer,
-    Reply,
-    openai_chunk,
-    openai_completion,
-    openai_error,
-    openai_stream,
-    openai_text,
-    openai_tool_calls,
-    openai_tool_pairs,
-    split,
-)
 from pydantic import BaseModel
 
 from examples.banking import ApprovalReply, TransferOutput, transferMoney
@@ -47,6 +35,18 @@ from interlock import (
 )
 from interlock.models import ModelError, RetryPolicy
 from interlock.models.openai import OpenAIModel, finish_reason
+from tests.fake_llm_server import (
+    FakeLLMServer,
+    Reply,
+    openai_chunk,
+    openai_completion,
+    openai_error,
+    openai_stream,
+    openai_text,
+    openai_tool_calls,
+    openai_tool_pairs,
+    split,
+)
 
 SYSTEM = "You are a banking assistant. Use transferMoney to move funds; it pauses for approval."
 ASK = "Transfer $500 to my savings account."

@@ -1,7 +1,7 @@
 """Nothing lost, nothing twice: fault injection against real processes.
 
 Every scenario runs `interlock worker` and `interlock resume-consumer` processes (with
-`--app fault_app:ai`, see fault_app.py) on a private redis-server (appendonly, so it
+`--app tests.fault_app:ai`, see tests/fault_app.py) on a private redis-server (appendonly, so it
 can be restarted with its data) and a private PostgreSQL database, then breaks
 something: SIGKILLs a worker's process group mid-turn, SIGKILLs the consumer with
 decisions queued, restarts Redis mid-batch, sends 20 answers to one interrupt at once,
@@ -21,7 +21,7 @@ fault tests add what those do not.
 kombu's own Redis transport pops a message (BRPOP) and records it as unacked with a
 second command, so a message popped by a process that dies in between is gone. Ours
 pops and records in one server-side step (events/redis_pop.py), so the consumer killed
-here loses nothing; tests/test_redis_pop.py kills a reader at the worst instant.
+here loses nothing; tests/events/test_redis_pop.py kills a reader at the worst instant.
 """
 
 from __future__ import annotations
@@ -43,13 +43,18 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 import pytest
-from fault_app import AGENT, Plan, conninfo, create_tables
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kombu.connection import Connection
 from kombu.messaging import Producer
 from psycopg.rows import namedtuple_row
-from queue_helpers import (
+
+from events.publisher import Publisher
+from events.stream import EventStream
+from events.topology import event_queue
+from schemas import MAX_DECISION_BYTES, EventBase, TurnExpired
+from tests.fault_app import AGENT, Plan, conninfo, create_tables
+from tests.queue_helpers import (
     Dashboard,
     Service,
     child_env,
@@ -58,16 +63,17 @@ from queue_helpers import (
     report_logs_on_failure,
     run_cli,
 )
-from services import RedisServer, create_pg_database, drop_pg_database, eventually, start_redis
-
-from events.publisher import Publisher
-from events.stream import EventStream
-from events.topology import event_queue
-from schemas import MAX_DECISION_BYTES, EventBase, TurnExpired
+from tests.services import (
+    RedisServer,
+    create_pg_database,
+    drop_pg_database,
+    eventually,
+    start_redis,
+)
 from workers.settings import Settings
 
-APP_SPEC = "fault_app:ai"
-TESTS_DIR = Path(__file__).resolve().parent
+APP_SPEC = "tests.fault_app:ai"
+ROOT = Path(__file__).resolve().parents[2]
 VT = 4
 """INTERLOCK_VISIBILITY_TIMEOUT (seconds), shared by workers, consumers and clients."""
 LEASE = 8
@@ -108,7 +114,7 @@ class FaultStack:
         self._n = itertools.count(1)
 
     def env(self) -> dict[str, str]:
-        path = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p)
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         return child_env(
             PYTHONPATH=path,
             INTERLOCK_VISIBILITY_TIMEOUT=str(VT),

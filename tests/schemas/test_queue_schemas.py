@@ -25,7 +25,7 @@ from schemas import (
 )
 from schemas.json_schema import message_schemas, render
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "schemas"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
 
 def load(name: str) -> dict[str, Any]:

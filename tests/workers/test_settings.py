@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from queue_helpers import child_env, run_cli
 
 from interlock import Status, StatusError
+from tests.queue_helpers import child_env, run_cli
 from workers.settings import Settings
 
 

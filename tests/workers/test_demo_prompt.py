@@ -16,8 +16,8 @@ from pathlib import Path
 
 import click
 import pytest
-from queue_helpers import child_env, interlock_bin
 
+from tests.queue_helpers import child_env, interlock_bin
 from workers.demo import confirm, read_answer
 
 QUESTION = b"Approve this transfer? [y/N]: "

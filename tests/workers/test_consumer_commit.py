@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 from kombu.connection import Connection
-from services import free_port
 from sqlalchemy import event as sqla_event
 from sqlalchemy import text
 from sqlalchemy.engine import Connection as DbConnection
@@ -36,6 +35,7 @@ from events.decision_log import DecisionLog
 from events.topology import DECISIONS, TURNS_QUEUE, event_queue
 from examples.banking import ai
 from schemas import EventBase, event_adapter
+from tests.services import free_port
 from workers.app import RUN_TURN, create_app, runtime_of
 from workers.consumer import ResumeConsumer
 from workers.settings import Settings

@@ -11,17 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fake_llm_server import (
-    FakeLLMServer,
-    Reply,
-    anthropic_text,
-    anthropic_tool_use,
-    openai_chunk,
-    openai_completion,
-    openai_stream,
-    openai_text,
-    openai_tool_calls,
-)
 from pydantic import BaseModel
 
 from interlock import (
@@ -42,6 +31,17 @@ from interlock import (
 from interlock.models import ModelError, RetryPolicy
 from interlock.models._wire import object_schema, wrapped_tools
 from interlock.models.openai import OpenAIModel
+from tests.fake_llm_server import (
+    FakeLLMServer,
+    Reply,
+    anthropic_text,
+    anthropic_tool_use,
+    openai_chunk,
+    openai_completion,
+    openai_stream,
+    openai_text,
+    openai_tool_calls,
+)
 
 FAST = RetryPolicy(attempts=3, initial_delay=0.01, max_delay=0.02)
 ONCE = RetryPolicy(attempts=1)

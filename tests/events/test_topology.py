@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from amqp.exceptions import NotFound
 from kombu.connection import Connection
-from queue_helpers import APP, READY_TIMEOUT, Service, rabbitmq_vhost
 
 from events.topology import DECISIONS_DEAD, EVENTS, INTERRUPTED
+from tests.queue_helpers import APP, READY_TIMEOUT, Service, rabbitmq_vhost
 
 MARKER = "declared Interlock's exchanges and queues"
 

@@ -15,7 +15,9 @@ from typing import Any, cast
 
 import pytest
 import redis
-from queue_helpers import (
+
+from schemas import MAX_DECISION_BYTES, DecisionRejected, Status
+from tests.queue_helpers import (
     Dashboard,
     QueueStack,
     dashboard_for,
@@ -23,8 +25,6 @@ from queue_helpers import (
     decision,
     module_stack,
 )
-
-from schemas import MAX_DECISION_BYTES, DecisionRejected, Status
 
 
 @pytest.fixture(scope="module")

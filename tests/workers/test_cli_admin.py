@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from queue_helpers import child_env, interlock_bin, run_cli
-from services import free_port, start_redis
 from sqlalchemy import create_engine, inspect, text
 
+from tests.queue_helpers import child_env, interlock_bin, run_cli
+from tests.services import free_port, start_redis
 from workers.settings import redact_url
 
 TABLES = [

@@ -698,7 +698,8 @@ def test_max_turns_default_is_ten() -> None:
 
 def test_unknown_model_is_not_found() -> None:
     ai = Interlock()
-    # (googleai/, openai/, ollama/ and anthropic/ are built-in providers: tests/test_models_*)
+    # (googleai/, openai/, ollama/ and anthropic/ are built-in providers:
+    # tests/interlock/test_models_*)
     agent = ai.define_agent("x", model="nowhere/gemini-flash-latest", store=InMemorySessionStore())
     with pytest.raises(StatusError) as info:
         agent.run_text("hi")

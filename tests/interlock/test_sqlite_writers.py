@@ -17,8 +17,6 @@ from multiprocessing.synchronize import Event as ProcessEvent
 from pathlib import Path
 
 import pytest
-from services import eventually
-from sql_helpers import checked_at_commit
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -26,6 +24,8 @@ import interlock.stores.engine
 import interlock.stores.sql
 from interlock import SqlSessionStore
 from schemas import FinishReason, Message, Snapshot, SnapshotStatus
+from tests.services import eventually
+from tests.sql_helpers import checked_at_commit
 
 WAIT = 20.0
 """Seconds a write may wait here before the test fails (below the 30 s after which a

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 import redis
-from queue_helpers import (
+
+from events.topology import TURNS
+from tests.queue_helpers import (
     Dashboard,
     QueueStack,
     celery_headers,
@@ -25,8 +27,6 @@ from queue_helpers import (
     module_stack,
     put_on_turns,
 )
-
-from events.topology import TURNS
 
 
 @pytest.fixture(scope="module")

@@ -295,7 +295,7 @@ def test_random_secret_is_one_per_process_and_each_registry_warns(
 CHILD = """
 import json
 from examples.banking import TransferOutput
-from test_state import store_less_bank
+from tests.interlock.test_state import store_less_bank
 agent, tool = store_less_bank(secret=None)
 out = agent.run_text("Transfer $1 to a")
 reply = tool.respond(out.interrupts[0], TransferOutput(success=True))
@@ -308,8 +308,8 @@ def test_random_secret_does_not_survive_the_process(monkeypatch: pytest.MonkeyPa
     random secret is refused here."""
     monkeypatch.delenv("INTERLOCK_SECRET", raising=False)
     env = {k: v for k, v in os.environ.items() if k != "INTERLOCK_SECRET"}
-    root = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests")])
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = str(root)
     done = subprocess.run(
         [sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=60
     )
