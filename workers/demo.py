@@ -33,18 +33,33 @@ def ask_human(approve: bool | None) -> Decide:
     def decide(part: Part) -> bool:
         if approve is not None:
             return approve
-        if not sys.stdin.isatty():  # piped: a line "y" or "n" answers; none approves
-            line = sys.stdin.readline().strip().lower()
-            if line in ("y", "yes", "n", "no"):
-                click.echo(f"  Approve this transfer? {line} (read from standard input)")
-                return line.startswith("y")
-            if line:
-                raise click.UsageError(f"answer y or n on standard input, not {line!r}")
-            click.echo("  (no terminal to ask: approving; pass --deny to decline)")
-            return True
+        if not sys.stdin.isatty():  # piped: a line per interrupt; end of input approves
+            return piped_answer(sys.stdin.readline())
         return confirm("  Approve this transfer?")
 
     return decide
+
+
+class BadAnswer(click.ClickException):
+    """A piped answer the demo cannot read: exit 2 as for a usage error, without the
+    usage banner (the flow has run up to the question by then)."""
+
+    exit_code = 2
+
+
+def piped_answer(line: str) -> bool:
+    """The answer of a `line` read from a pipe: "y" or "yes" approves; "n", "no" or an
+    empty line declines (as Enter does at the terminal's `[y/N]`); the end of input
+    ("") approves, since no one is there to ask (said so: `--deny` declines)."""
+    if not line:
+        click.echo("  (no terminal to ask: approving; pass --deny to decline)")
+        return True
+    value = line.strip().lower()
+    if value in ("y", "yes", "n", "no", ""):
+        shown = value or "n (an empty line)"
+        click.echo(f"  Approve this transfer? {shown} (read from standard input)")
+        return value.startswith("y")
+    raise BadAnswer(f"answer y or n on standard input, not {value!r}")
 
 
 def confirm(question: str) -> bool:

@@ -84,10 +84,16 @@ def test_demo_in_process(demo_runs: dict[str, tuple[CliResult, Path]]) -> None:
 
 @pytest.mark.parametrize(
     ("piped", "ends"),
-    [("n\n", "was declined."), ("yes\n", "transaction txn-"), ("", "transaction txn-")],
+    [
+        ("n\n", "was declined."),
+        ("yes\n", "transaction txn-"),
+        ("\n", "was declined."),
+        ("", "transaction txn-"),
+    ],
 )
 def test_demo_reads_the_answer_from_a_pipe(tmp_path: Path, piped: str, ends: str) -> None:
-    """No terminal: a line y or n on standard input answers; none approves (said so)."""
+    """No terminal: a line y or n on standard input answers, an empty line declines (as
+    Enter does at the terminal's [y/N]); the end of input approves (said so)."""
     result = run_cli("demo", "--in-process", cwd=tmp_path, timeout=60, stdin=piped)
     assert result.returncode == 0, result.describe()
     [line] = result.json_lines()
@@ -99,7 +105,8 @@ def test_demo_reads_the_answer_from_a_pipe(tmp_path: Path, piped: str, ends: str
 def test_demo_refuses_a_piped_answer_it_cannot_read(tmp_path: Path) -> None:
     result = run_cli("demo", "--in-process", cwd=tmp_path, timeout=60, stdin="maybe\n")
     assert result.returncode == 2, result.describe()
-    assert "answer y or n on standard input, not 'maybe'" in result.stderr
+    assert "Error: answer y or n on standard input, not 'maybe'" in result.stderr
+    assert "Usage:" not in result.stderr, "the flow ran up to the question: no usage banner"
 
 
 def test_demo_refuses_approve_and_deny_together(tmp_path: Path) -> None:

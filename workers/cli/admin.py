@@ -84,7 +84,10 @@ def demo(
 ) -> None:
     """Run the banking agent end to end: it pauses for approval, a human answers, it
     resumes. With no --broker, one process holds a broker, a worker, the resume consumer
-    and a SQLite store."""
+    and a SQLite store.
+
+    The question is asked on the terminal. Piped in, a line y or n answers each
+    interrupt (an empty line declines); the end of input approves."""
     from ..demo import ask_human, run_in_process, run_on_queues
 
     if approve and deny:
