@@ -32,7 +32,7 @@ from .errors import (
 )
 from .journal import TurnJournal
 from .middleware import Middleware
-from .resume import Answer, check_resumable, pending_interrupts, plan_resume
+from .resume import Answer, check_resumable, passed_deadline, pending_interrupts, plan_resume
 from .stores.base import SessionStore
 from .tools import Tool
 from .turn import Turn, TurnResult
@@ -489,6 +489,5 @@ def _lapsed(snapshot: Snapshot) -> bool:
     return (
         snapshot.is_interrupted
         and snapshot.resumed_by is None
-        and snapshot.expires_at is not None
-        and snapshot.expires_at <= utcnow()
+        and passed_deadline(snapshot) is not None
     )

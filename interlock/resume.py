@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from schemas import (
@@ -22,7 +23,7 @@ from .errors import ResumeValidationError, StatusError
 from .middleware import Middleware
 from .tools import Tool
 
-__all__ = ["Answer", "check_resumable", "pending_interrupts", "plan_resume"]
+__all__ = ["Answer", "check_resumable", "passed_deadline", "pending_interrupts", "plan_resume"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ def pending_interrupts(messages: Sequence[Message]) -> list[Part]:
     return []
 
 
+def passed_deadline(snapshot: Snapshot) -> datetime | None:
+    """The deadline of the snapshot's pause, when it had one and it has passed."""
+    deadline = snapshot.expires_at
+    return deadline if deadline is not None and deadline <= utcnow() else None
+
+
 def check_resumable(
     snapshot: Snapshot, claimed_by: str | None = None, *, interrupted: bool = True
 ) -> None:
@@ -69,12 +76,12 @@ def check_resumable(
             Status.FAILED_PRECONDITION, f"snapshot {sid} is not interrupted: nothing to resume"
         )
     claimed_in_time = snapshot.resumed_by is not None and snapshot.resumed_by == claimed_by
-    if snapshot.expires_at is not None and snapshot.expires_at <= utcnow() and not claimed_in_time:
+    if (deadline := passed_deadline(snapshot)) is not None and not claimed_in_time:
         # A claim is only made before the deadline, and a claimed snapshot is never
         # expired: the answer it holds was in time, however late its turn runs.
         raise ResumeValidationError(
             Status.FAILED_PRECONDITION,
-            f"snapshot {sid} expired at {snapshot.expires_at.isoformat()} and cannot be resumed",
+            f"snapshot {sid} expired at {deadline.isoformat()} and cannot be resumed",
         )
     if snapshot.resumed_by is not None and snapshot.resumed_by != claimed_by:
         raise ResumeValidationError(

@@ -95,8 +95,8 @@ def _failure(reason: str, data: Any) -> ParseFailure:
     return ParseFailure(
         reason,
         _readable_id(data),
-        reviewer=_readable(data, "reviewer", 500),
-        snapshot_id=_readable(data, "snapshot_id", 200),
+        reviewer=_readable(data, "reviewer"),
+        snapshot_id=_readable(data, "snapshot_id"),
     )
 
 
@@ -114,13 +114,23 @@ def _read_json(raw: bytes) -> Any:
 
 def _readable_id(data: Any) -> str | None:
     """The decision_id of a JSON value, where it is one a decision could have."""
-    return _readable(data, "decision_id", 200)
+    return _readable(data, "decision_id")
 
 
-def _readable(data: Any, key: str, limit: int) -> str | None:
+def _max_length(key: str) -> int:
+    """The longest text `Decision` takes in its field `key`."""
+    limits = [m.max_length for m in Decision.model_fields[key].metadata if hasattr(m, "max_length")]
+    return int(limits[0])
+
+
+_LIMITS = {key: _max_length(key) for key in ("decision_id", "snapshot_id", "reviewer")}
+"""Field -> the longest text a decision may give in it."""
+
+
+def _readable(data: Any, key: str) -> str | None:
     """The text field `key` of a JSON value, where it is one a decision could have."""
     found = data.get(key) if isinstance(data, dict) else None
-    if isinstance(found, str) and 0 < len(found) <= limit and unstorable(found) is None:
+    if isinstance(found, str) and 0 < len(found) <= _LIMITS[key] and unstorable(found) is None:
         return found
     return None
 
