@@ -14,7 +14,7 @@ from celery.utils.time import get_exponential_backoff_interval
 from events.topology import TURNS, TURNS_DEAD, TURNS_QUEUE
 from interlock import Interlock
 from interlock.stores.failures import first_line as one_line
-from schemas import TurnRequest
+from schemas import Status, TurnRequest
 
 from .burst import BURST_CONNECT_RETRIES, BurstGaveUp, BurstRequest, burst_idle
 from .runtime import Runtime
@@ -129,8 +129,9 @@ def _give_up(
     broker: after its few tries the turn goes back on `interlock.turns`, for a later
     run, and the worker stops with exit 1 (`BurstRequest`)."""
     turn_id = _turn_id(args, kwargs)
+    status = Status.UNAVAILABLE if retried(exc) else Status.INTERNAL
     raise BurstGaveUp(
-        f"{_failed(exc)} {tries + 1} times in a row: {type(exc).__name__}: "
+        f"{status.value}: {_failed(exc)} {tries + 1} times in a row: {type(exc).__name__}: "
         f"{one_line(exc)} (turn {turn_id} requeued, and still queued on {TURNS})"
     ) from exc
 

@@ -54,9 +54,11 @@ def burst_idle() -> float | None:
 
 
 class BurstGaveUp(Reject):  # type: ignore[misc]
-    """A turn whose store or broker failed at each of a burst worker's tries: its task
-    goes back on its queue (requeued), and the worker stops, exit 1 (`BurstRequest`),
-    rather than backing off for a quarter of an hour as a served worker does."""
+    """A turn whose store or broker failed at each of a burst worker's tries (or that
+    met an unexpected error at each): its task goes back on its queue (requeued), and
+    the worker stops, exit 1 (`BurstRequest`), rather than backing off for a quarter of
+    an hour as a served worker does. Its reason starts with the status: UNAVAILABLE, or
+    INTERNAL for an unexpected error."""
 
     def __init__(self, reason: str | None = None, requeue: bool = True) -> None:
         super().__init__(reason, requeue)  # both, so that it crosses the pool's pipe
@@ -75,7 +77,7 @@ class BurstRequest(Request):  # type: ignore[misc]
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc
         if isinstance(exc, BurstGaveUp):
-            line = f"error: UNAVAILABLE: {exc.reason}; the worker stops\n"
+            line = f"error: {exc.reason}; the worker stops\n"
             os.write(2, line.encode(errors="replace"))  # stderr, past Celery's redirection
             state.should_stop = EX_FAILURE
 

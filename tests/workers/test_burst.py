@@ -503,6 +503,42 @@ def test_an_unexpected_error_outside_the_turn_is_retried_then_kept_not_dropped(
     assert json.loads(envelope["body"]) == {"args": [request], "kwargs": {}}
 
 
+def test_a_burst_worker_gives_up_on_an_unexpected_error_as_internal(
+    batch: Batch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In burst mode an unexpected error outside the turn is tried as often as a store
+    failure, then the turn goes back on its queue (no dead letter, no event) and the
+    worker is told to stop, with INTERNAL, not UNAVAILABLE: no outage explains it."""
+    from interlock import AgentInput, Message, Part
+    from interlock.stores.sql_journal import SqlTurnJournal
+    from workers.app import RUN_TURN, create_app
+    from workers.burst import BURST_ENV, BurstGaveUp
+    from workers.settings import Settings
+    from workers.turns import new_turn_request
+
+    def broken(self: SqlTurnJournal, turn_id: str, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("lease bookkeeping broke")
+
+    monkeypatch.setattr(SqlTurnJournal, "begin", broken)
+    monkeypatch.setenv(BURST_ENV, "5")
+    store = f"sqlite:///{tmp_path}/ok.db"
+    app = create_app(Settings(broker_url=batch.server.url, store_url=store, app=APP))
+    said = AgentInput(message=Message(role="user", content=[Part(text="Transfer $3 to x")]))
+    request = new_turn_request("bankingAgent", said).model_dump(mode="json")
+    ran = app.tasks[RUN_TURN].apply(args=[request], retries=BURST_CONNECT_RETRIES)
+    assert ran.state == "REJECTED", (ran.state, ran.result)
+    assert isinstance(ran.result, BurstGaveUp), ran.result
+    assert ran.result.requeue is True
+    assert ran.result.reason == (
+        f"INTERNAL: running the turn failed {BURST_CONNECT_RETRIES + 1} times in a row: "
+        f"RuntimeError: lease bookkeeping broke (turn {request['turn_id']} requeued, and "
+        "still queued on interlock.turns)"
+    )
+    with batch.conn.channel() as channel:
+        assert int(channel.client.llen("interlock.turns.dead")) == 0, "no dead letter"
+    assert batch.read_events(1, timeout=1) == [], "nothing was answered"
+
+
 def test_a_dead_letter_that_cannot_be_published_leaves_the_turn_on_its_queue(
     batch: Batch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
