@@ -218,6 +218,37 @@ def test_marks_that_fail_are_retried_without_spinning(
     assert paused.resume_token is not None and paused.resume_token not in stored.body
 
 
+def test_a_mark_that_fails_for_another_reason_is_logged_with_its_traceback(
+    store: SqlSessionStore,
+    outbox: Outbox,
+    relay: OutboxRelay,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error that is not the store's (a bug in marking) is logged at ERROR with its
+    traceback, not as an outage's one line; the thread goes on and marks the row."""
+    relay.flush()
+    relay.sweep_interval = 3600
+    real = outbox.mark_sent_many
+    failed: list[int] = []
+
+    def broken_once(rows: Any) -> Any:
+        if not failed:
+            failed.append(len(rows))
+            raise ValueError("marking broke")
+        return real(rows)
+
+    monkeypatch.setattr(outbox, "mark_sent_many", broken_once)
+    paused = interrupted(f"secret-{uuid.uuid4()}")
+    outbox.add_now(paused)
+    assert relay.flush() == 1
+    assert sent_row(store, paused.event_id).sent_at is not None  # marked on the next try
+    assert failed == [1]
+    [said] = [r for r in caplog.records if "marking outbox rows" in r.getMessage()]
+    assert said.levelno == logging.ERROR
+    assert said.exc_info is not None and said.exc_info[0] is ValueError
+
+
 def test_close_marks_what_was_published(
     store: SqlSessionStore, broker: Connection, events_seen: EventStream
 ) -> None:
