@@ -11,18 +11,14 @@ builds one and keeps it until its pool is replaced (after a reconnect).
 
 A publish to a topic or direct exchange costs kombu two commands: read the exchange's
 bindings (`SMEMBERS`), then `LPUSH` to each matching queue. This channel sends one
-script that does both on the server (`ROUTE`). It is also atomic: a queue bound before
+script that does both on the server (`redis_route.ROUTE`). It is also atomic: a queue bound before
 the publish gets the message. Where the script cannot stand in, kombu's own path runs
 instead: message priorities, queues with an expiry declared on this channel, a
 dead-letter queue, batched publishes, a newline or NUL in a routing key, a broker
 refusing scripts. Other errors of the script (a queue's key holding another type, Redis
 out of memory or read-only) are raised, as kombu's own push would raise them.
 
-Topic bindings match as AMQP has it, and RabbitMQ routes (`topic_match`), on both
-paths: a binding's words are literal, `*` (exactly one word) or `#` (zero or more
-words). kombu's own regex makes `#` one or more words, so that `turn.interrupted.#` or
-`#.interrupted` would miss `turn.interrupted`, and reads a word such as `a*b` as a
-regex.
+Topic bindings match as AMQP has it, and RabbitMQ routes, on both paths (`redis_route`).
 
 A channel reading one queue with acks (every worker and consumer of Interlock) waits
 with `BLMOVE`, which moves a message to a reading list of its own, and takes it with a
@@ -53,7 +49,6 @@ from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
-from kombu.transport.virtual import exchange as kombu_exchange
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
@@ -68,14 +63,13 @@ from .redis_pop import (
     refused,
     rescue,
 )
+from .redis_route import ROUTE, TopicExchange
 
 __all__ = [
     "UNREADABLE",
     "Channel",
-    "TopicExchange",
     "Transport",
     "envelope",
-    "topic_match",
     "transport_for",
 ]
 
@@ -89,120 +83,6 @@ MIN_BEAT = 0.05
 """The shortest `reader_beat` taken, in seconds (0 would make every wait endless)."""
 
 log = logging.getLogger("interlock.transport")
-
-
-ROUTE = r"""
-local function words(text)
-  local found = {}
-  for word in string.gmatch(text .. '.', '([^.]*)%.') do
-    found[#found + 1] = word
-  end
-  return found
-end
-
-local function matches(pattern, i, key, j)
-  while i <= #pattern do
-    local word = pattern[i]
-    if word == '#' then
-      while pattern[i + 1] == '#' do
-        i = i + 1
-      end
-      if i == #pattern then
-        return true
-      end
-      for k = j, #key + 1 do
-        if matches(pattern, i + 1, key, k) then
-          return true
-        end
-      end
-      return false
-    end
-    if j > #key or (word ~= '*' and word ~= key[j]) then
-      return false
-    end
-    i, j = i + 1, j + 1
-  end
-  return j > #key
-end
-
-local topic, rkey, body, sep, prefix = ARGV[1] == 'topic', ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-if string.find(rkey, '[%z\n]') then
-  return -1
-end
-local key_words = words(rkey)
-local queues, seen = {}, {}
-for _, member in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local a = string.find(member, sep, 1, true)
-  local b = a and string.find(member, sep, a + #sep, true)
-  if not b or string.find(member, sep, b + #sep, true) then
-    return -1
-  end
-  local binding = string.sub(member, 1, a - 1)
-  local stored = string.sub(member, a + #sep, b - 1)
-  local queue = string.sub(member, b + #sep)
-  local hit
-  if topic then
-    if stored == '' then
-      hit = true
-    else
-      hit = matches(words(binding), 1, key_words, 1)
-    end
-    hit = hit and queue ~= ''
-  else
-    hit = binding == rkey
-  end
-  if hit and not seen[queue] then
-    seen[queue] = true
-    queues[#queues + 1] = queue
-  end
-end
-for _, queue in ipairs(queues) do
-  redis.call('LPUSH', prefix .. queue, body)
-end
-return #queues
-"""
-"""Route a message like kombu's topic (ARGV[1] == "topic") or direct exchange and push
-it to every matching queue. KEYS[1]: the exchange's bindings; ARGV: exchange type,
-routing key, message, kombu's field separator, the key prefix of the queues
-(`global_keyprefix`; the client prefixes KEYS[1] itself). A topic binding stored with
-no pattern matches every key, as kombu's empty regex does. Returns how many queues
-got it, or -1 (nothing pushed) where kombu's own path must decide: a newline or NUL in
-the key (that path matches the same way: `TopicExchange`), a malformed binding."""
-
-
-def topic_match(binding: str, routing_key: str) -> bool:
-    """Whether a topic binding matches a routing key, as AMQP (and RabbitMQ) match
-    them: word by word, where `*` is exactly one word and `#` zero or more."""
-    pattern, key = binding.split("."), routing_key.split(".")
-
-    def match(i: int, j: int) -> bool:
-        while i < len(pattern):
-            word = pattern[i]
-            if word == "#":
-                while i + 1 < len(pattern) and pattern[i + 1] == "#":
-                    i += 1
-                if i + 1 == len(pattern):
-                    return True
-                return any(match(i + 1, k) for k in range(j, len(key) + 1))
-            if j == len(key) or (word != "*" and word != key[j]):
-                return False
-            i, j = i + 1, j + 1
-        return j == len(key)
-
-    return match(0, 0)
-
-
-class TopicExchange(kombu_exchange.TopicExchange):
-    """kombu's topic exchange, matching as `topic_match` does (kombu's path: a
-    prioritized message, an expiring queue, ...), like the routing script."""
-
-    def lookup(self, table: Any, exchange: str, routing_key: str, default: Any) -> set[str]:
-        # A binding stored with no pattern matches every key, as kombu's empty regex.
-        return {
-            queue
-            for binding, pattern, queue in table
-            if pattern == "" or topic_match(binding, routing_key)
-        }
 
 
 class Channel(kombu_redis.Channel):

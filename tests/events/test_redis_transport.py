@@ -18,15 +18,8 @@ from kombu.entity import Exchange, Queue
 from kombu.transport.virtual.exchange import TopicExchange
 
 from events.publisher import Publisher
-from events.redis_transport import (
-    ROUTE,
-    UNREADABLE,
-    Channel,
-    Transport,
-    envelope,
-    topic_match,
-    transport_for,
-)
+from events.redis_route import ROUTE, topic_match
+from events.redis_transport import UNREADABLE, Channel, Transport, envelope, transport_for
 from events.topology import EVENTS
 from tests.queue_helpers import rabbitmq_vhost
 from workers.app import create_app
