@@ -212,11 +212,12 @@ def _check_resumed(
 ) -> None:
     if tool is None or not tool.interruptible or data is None:
         return
+    seen = data
     for mw in middleware:
-        data = mw.strip_resumed(data)
-    if not data:
-        return
+        seen = mw.strip_resumed(seen)
+    if not seen and seen != data:
+        return  # all of it was the middleware's (an approval): the tool gets None
     try:
-        tool.parse_resumed(data)
+        tool.parse_resumed(seen)
     except StatusError as exc:
         raise _invalid(exc.message) from exc

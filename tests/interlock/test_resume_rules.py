@@ -449,10 +449,13 @@ def test_respond_output_checked_against_out_type() -> None:
     )
 
 
-def test_restart_resume_data_checked_against_resume_type() -> None:
+@pytest.mark.parametrize("data", [{"ok": "perhaps"}, {}], ids=["wrong", "empty"])
+def test_restart_resume_data_checked_against_resume_type(data: dict[str, Any]) -> None:
+    """Checked before anything runs, an empty object too: the tool would be handed `{}`
+    and fail the turn where the resume could have been refused."""
     rig = Rig({"n": 1})
     out = rig.paused()
-    wrong = restart(out.interrupts[0], {"ok": "perhaps"})
+    wrong = restart(out.interrupts[0], data)
     rejects(
         Status.INVALID_ARGUMENT,
         "invalid resume data for tool 'gate'",

@@ -586,6 +586,27 @@ def test_absurdly_nested_restart_input_is_rejected(dash: Dashboard, stack: Queue
     still_answerable(dash, paused)
 
 
+def test_empty_resume_data_is_checked_by_the_consumer(dash: Dashboard, stack: QueueStack) -> None:
+    """`resumed: {}` is resume data like any other: the consumer refuses it against the
+    tool's Resume type (ApprovalReply needs `approved`), rather than accepting it and
+    leaving the tool to fail the turn."""
+    paused = dash.paused("Transfer $23 to empty-reply")
+    [item] = paused.interrupts
+    body = decision(
+        paused.snapshot_id,
+        paused.resume_token,
+        restart=[{"name": item.name, "ref": item.ref, "resumed": {}}],
+    )
+    dash.publish_json(body)
+    event = dash.outcome(body["decision_id"])
+    assert event.type == "decision.rejected", event.model_dump_json()
+    assert event.error.status == Status.INVALID_ARGUMENT, event.error  # type: ignore[attr-defined]
+    assert event.error.message == (  # type: ignore[attr-defined]
+        "invalid resume data for tool 'transferMoney': approved: Field required"
+    )
+    still_answerable(dash, paused)
+
+
 def test_consumer_keeps_serving_after_a_burst_of_bad_input(
     dash: Dashboard, stack: QueueStack
 ) -> None:
