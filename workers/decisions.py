@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass
@@ -105,7 +106,7 @@ def _read_json(raw: bytes) -> Any:
     try:
         # A leading byte order mark is ignored (RFC 8259 lets a reader do so); NaN and
         # Infinity, which Python's reader would take, are no JSON.
-        return json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant)
+        return json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant, parse_float=_finite)
     except (UnicodeDecodeError, ValueError) as exc:
         return ParseFailure(f"decision is not JSON: {exc}")
     except RecursionError:  # "[[[[...": a poison message, not a reason to retry
@@ -201,6 +202,15 @@ def _value_id(text: str, at: int) -> str | None:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float, refusing one past a double's range (`1e400`): it would
+    be kept as Infinity, which is no JSON value, and no reader could read it back."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of the range of a JSON number (a double)")
+    return value
 
 
 def unstorable(data: Any) -> str | None:

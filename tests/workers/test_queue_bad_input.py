@@ -500,6 +500,11 @@ DEEP = "[" * 100_000 + "]" * 100_000
         (lambda d: {**d, "schema_version": True}, True, "unknown schema_version true;"),
         (lambda d: {**d, "reviewer": float("nan")}, True, "NaN is not a JSON value"),
         (lambda d: {**d, "reviewer": float("inf")}, True, "Infinity is not a JSON value"),
+        (  # valid JSON, but a double cannot hold it: it would be kept as Infinity
+            lambda d: json.dumps({**d, "reviewer": "BIG"}).replace('"BIG"', "1e400"),
+            True,
+            "1e400 is out of the range of a JSON number (a double)",
+        ),
     ],
     ids=[
         "array",
@@ -518,6 +523,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
         "schema-version-true",
         "nan",
         "infinity",
+        "overflow",
     ],
 )
 def test_invalid_decision_is_rejected_and_dead_lettered(
