@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from typing import Any
 
 from kombu.connection import Connection
@@ -108,7 +109,7 @@ class Publisher:
         assert queue.exchange is not None
         envelope = {
             "reason": reason,
-            "headers": {k: str(v) for k, v in headers.items()},
+            "headers": {str(k): _json_value(v) for k, v in headers.items()},
             **fields,
             "body": body.decode("utf-8", errors="replace"),
             "body_base64": base64.b64encode(body).decode(),
@@ -124,3 +125,20 @@ class Publisher:
         if self._producer is not None:
             self._producer.release()
             self._producer = None
+
+
+def _json_value(value: Any) -> Any:
+    """A message header's value as JSON: strings, numbers, booleans, null, lists and
+    objects as they are; bytes as UTF-8 text (invalid bytes replaced); anything else
+    (an AMQP timestamp, a decimal) as its text."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    return str(value)

@@ -108,6 +108,8 @@ def test_an_undecodable_body_is_kept_with_the_reason(stack: QueueStack, dash: Da
     envelope = kept(stack, body, "application/json", celery_headers())
     assert envelope["reason"].startswith("the task message cannot be decoded: "), envelope
     assert envelope["headers"]["task"] == "interlock.run_turn"
+    # the headers as JSON values: null stays null, a number a number
+    assert (envelope["headers"]["parent_id"], envelope["headers"]["retries"]) == (None, 0)
     assert envelope["body"] == body.decode()
     still_serving(dash)
 
