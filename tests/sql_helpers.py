@@ -3,15 +3,18 @@
 - `checked_at_commit(store)`: a table whose rows reference a missing parent through a
   deferred foreign key, so a transaction that inserts one fails at its COMMIT (on
   SQLite and PostgreSQL alike), not at the INSERT.
+- `terminate_backends(pg_admin, database)`: end every server connection to a
+  PostgreSQL database, as a restart or an administrator does.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Column, ForeignKey, MetaData, Table, Text
+from sqlalchemy import Column, ForeignKey, MetaData, Table, Text, create_engine, text
+from sqlalchemy.pool import NullPool
 
 from interlock import SqlSessionStore
 
-__all__ = ["checked_at_commit"]
+__all__ = ["checked_at_commit", "terminate_backends"]
 
 
 def checked_at_commit(store: SqlSessionStore) -> Table:
@@ -26,3 +29,19 @@ def checked_at_commit(store: SqlSessionStore) -> Table:
     )
     store.create_all(tables)
     return child
+
+
+def terminate_backends(pg_admin: str, database: str | None) -> None:
+    admin = create_engine(pg_admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            ended = conn.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = :d AND pid <> pg_backend_pid()"
+                ),
+                {"d": database},
+            ).scalar_one()
+    finally:
+        admin.dispose()
+    assert ended >= 1

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
@@ -55,6 +57,7 @@ from sqlalchemy.sql.dml import Insert
 
 from schemas import Snapshot, utcnow
 
+from .failures import first_line, is_store_failure
 from .fast import FastStatement
 from .sql import SqlSessionStore, _from_db
 
@@ -66,6 +69,13 @@ __all__ = [
     "journal_metadata",
     "refused_turns",
 ]
+
+_log = logging.getLogger("interlock.journal")
+
+RECORD_PAUSES = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0)
+"""Seconds between the tries of a journal write that met a store failure (about 8 s in
+all): a dropped connection or a server restart, waited out rather than the turn
+retried and its tool run again."""
 
 journal_metadata = MetaData()
 
@@ -244,16 +254,29 @@ class SqlTurnJournal:
             "body": json.dumps(value),
             "created_at": utcnow(),
         }
-        try:
-            # A model response fixes the refs, and so the idempotency keys, of the tool
-            # calls that follow: it must survive the machine. A tool outcome need only
-            # survive the process: lost with the machine, the call runs again under
-            # the same key (the window `interlock.journal` describes).
-            relaxed = not key.startswith("model:")
-            with self.store.writer(relaxed=relaxed).begin() as conn:
-                _F_RECORD.execute(conn, row)
-        except IntegrityError:
-            pass  # the first value written wins
+        # A model response fixes the refs, and so the idempotency keys, of the tool
+        # calls that follow: it must survive the machine. A tool outcome need only
+        # survive the process: lost with the machine, the call runs again under the
+        # same key (the window `interlock.journal` describes).
+        relaxed = not key.startswith("model:")
+        for pause in (*RECORD_PAUSES, None):
+            try:
+                with self.store.writer(relaxed=relaxed).begin() as conn:
+                    _F_RECORD.execute(conn, row)
+                return
+            except IntegrityError:
+                return  # the first value written wins
+            except Exception as exc:
+                # What was just done (a tool's side effect) is only safe from a second
+                # run once it is written: a dropped connection or a restarting server
+                # is waited out here, where failing would run the call again.
+                if pause is None or not is_store_failure(exc):
+                    raise
+                _log.warning(
+                    "journaling %s of turn %s failed (%s); trying again in %.2f s",
+                    key, turn_id, first_line(exc), pause,
+                )  # fmt: skip
+                time.sleep(pause)
 
     def refuse_in(self, conn: Connection, session_id: str | None, turn_id: str, error: Any) -> bool:
         """End `turn_id` as refused before it ran (`error`, JSON), in the caller's

@@ -482,3 +482,32 @@ def test_a_store_connection_lost_mid_turn_is_not_the_turns_answer() -> None:
     assert [s.status for s in rig.store.list_snapshots(session_id="s-flaky")] == [
         SnapshotStatus.COMPLETED
     ]
+
+
+def test_a_journal_write_waits_out_a_dropped_connection(
+    pg_url: str, pg_admin: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server dropped the store's connections a moment after a tool ran (too recent
+    for the pool to ping them): writing the tool's outcome tries again on a new
+    connection, rather than failing the run, which would then run the tool again."""
+    import logging
+
+    from sqlalchemy import make_url
+
+    from tests.sql_helpers import terminate_backends
+
+    store = SqlSessionStore(pg_url)
+    try:
+        journal = SqlTurnJournal(store)
+        journal.record("s-drop", "t-drop", "model:0", {"step": 0})  # a pooled connection
+        terminate_backends(pg_admin, make_url(pg_url).database)
+        with caplog.at_level(logging.WARNING, logger="interlock.journal"):
+            journal.record("s-drop", "t-drop", "tool:ref-1", {"output": 42})
+        assert journal.load("s-drop", "t-drop") == {
+            "model:0": {"step": 0},
+            "tool:ref-1": {"output": 42},
+        }
+        [said] = [r.getMessage() for r in caplog.records if r.name == "interlock.journal"]
+        assert said.startswith("journaling tool:ref-1 of turn t-drop failed ("), said
+    finally:
+        store.dispose()

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, func, make_url, select, text
+from sqlalchemy import event, func, make_url, select, text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import NullPool
 from sqlmodel import SQLModel
 
 from interlock import StatusError
@@ -26,6 +25,7 @@ from schemas import (
     Status,
     ToolRequest,
 )
+from tests.sql_helpers import terminate_backends
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 
@@ -626,7 +626,7 @@ def test_postgres_replaces_an_idle_connection_the_server_dropped(
     try:
         store.save_snapshot(snap("d1"))
         assert store.get_snapshot("d1") is not None
-        _terminate_backends(pg_admin, make_url(pg_url).database)
+        terminate_backends(pg_admin, make_url(pg_url).database)
         monkeypatch.setattr(engine_module, "PING_AFTER", 0.0)
         got = store.get_snapshot("d1")
         assert got is not None and got.snapshot_id == "d1"
@@ -648,7 +648,7 @@ def test_postgres_a_relaxed_write_on_a_dropped_connection_is_a_store_failure(
         store.save_snapshot(snap("r1"))
         with store.writer(relaxed=True).begin() as conn:
             assert conn.execute(text("SHOW synchronous_commit")).scalar_one() == "off"
-        _terminate_backends(pg_admin, make_url(pg_url).database)
+        terminate_backends(pg_admin, make_url(pg_url).database)
         caught: Exception | None = None
         try:
             with store.writer(relaxed=True).begin() as conn:
@@ -663,22 +663,6 @@ def test_postgres_a_relaxed_write_on_a_dropped_connection_is_a_store_failure(
         assert store.get_snapshot("r1") is not None
     finally:
         store.close()
-
-
-def _terminate_backends(pg_admin: str, database: str | None) -> None:
-    admin = create_engine(pg_admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        with admin.connect() as conn:
-            ended = conn.execute(
-                text(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                    " WHERE datname = :d AND pid <> pg_backend_pid()"
-                ),
-                {"d": database},
-            ).scalar_one()
-    finally:
-        admin.dispose()
-    assert ended >= 1
 
 
 def test_postgres_a_failed_ping_retires_the_older_connections_too(
@@ -696,7 +680,7 @@ def test_postgres_a_failed_ping_retires_the_older_connections_too(
         first.close()
         second.close()
         time.sleep(0.2)
-        _terminate_backends(pg_admin, make_url(pg_url).database)
+        terminate_backends(pg_admin, make_url(pg_url).database)
         monkeypatch.setattr(engine_module, "PING_AFTER", 0.1)  # idle long enough: pinged
         with store.engine.connect() as a:
             monkeypatch.setattr(engine_module, "PING_AFTER", 3600.0)  # recent enough: not
