@@ -19,7 +19,7 @@ from schemas import Status, TurnRequest
 from .burst import BURST_CONNECT_RETRIES, BurstGaveUp, BurstRequest, burst_idle
 from .runtime import Runtime
 from .settings import Settings
-from .turns import TurnBusy, retried, run_task
+from .turns import SessionBusy, TurnBusy, retried, run_task
 
 __all__ = ["RUN_TURN", "create_app", "delivery_config", "runtime_of", "send_turn", "turn_summary"]
 
@@ -77,7 +77,11 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
             return run_task(runtime, args, kwargs)
         except TurnBusy as busy:
             # Never two runs of one turn at once: look again once the lease may be free.
-            _again(self, busy, busy_retry_countdown(settings))
+            # Another turn of the session ends in the time a turn takes: look soon.
+            countdown = busy_retry_countdown(settings)
+            if isinstance(busy, SessionBusy):
+                countdown = min(countdown, 0.2 * 2 ** min(int(self.request.retries or 0), 8))
+            _again(self, busy, countdown)
         except Exception as exc:
             if not retried(exc):
                 # Not the turn's answer (run_task answers a turn's own failures): an

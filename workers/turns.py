@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from interlock import AgentInput, InterlockError, Status, StatusError
 from interlock.journal import TurnJournal
 from interlock.stores.failures import first_line, is_store_failure
-from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, TurnStartKind
+from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, TurnStartKind, session_lease
 from interlock.tools import brief
 from schemas import SnapshotStatus, TurnFailed, TurnRequest
 
@@ -24,7 +24,7 @@ from .decisions import unstorable
 from .holders import died_here
 from .runtime import Runtime
 
-__all__ = ["TurnBusy", "new_turn_request", "retried", "run_task", "run_turn"]
+__all__ = ["SessionBusy", "TurnBusy", "new_turn_request", "retried", "run_task", "run_turn"]
 
 log = logging.getLogger("interlock.worker")
 
@@ -52,6 +52,11 @@ def retried(exc: BaseException) -> bool:
 
 class TurnBusy(Exception):
     """Another worker holds this turn's lease: try again later, never concurrently."""
+
+
+class SessionBusy(TurnBusy):
+    """Another turn of the same session is running: try again soon (that turn ends in
+    the time a turn takes), so that this one goes on from where that one ends."""
 
 
 def run_task(rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -103,6 +108,11 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
         if not _take_from_the_dead(rt, request.turn_id, owner):
             raise TurnBusy(f"turn {request.turn_id} is running elsewhere")
         taken_over = True
+    try:
+        session = _hold_session(rt, request, owner)
+    except BaseException:  # busy, or the store failed: the turn's lease is given up too
+        rt.journal.end(request.turn_id, owner, snapshot_saved=False)
+        raise
     _renewals(rt)
     # A first run has nothing to replay: skip reading the journal.
     journal = rt.journal if taken_over else _FirstRun(rt.journal)
@@ -112,8 +122,34 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
         saved = "snapshot_id" in result
     finally:
         rt.journal.end(request.turn_id, owner, snapshot_saved=saved)
+        if session is not None:
+            rt.journal.let_go_session(session, owner)
     _flush(rt)
     return result
+
+
+def _hold_session(rt: Runtime, request: TurnRequest, owner: str) -> str | None:
+    """A new message to a named session runs only while no other turn of that session
+    does: both would go on from the same latest snapshot, and the session would fork
+    (one turn's messages missing from the other's history, two pauses open at once).
+    Returns the session whose lease was taken; raises `SessionBusy` while another
+    holds it. A resume needs none: its claim on the pause
+    already makes it the only turn that goes on from there."""
+    session = request.session_id
+    if session is None or request.snapshot_id is not None:
+        return None
+    if rt.journal.hold_session(session, owner, rt.settings.turn_lease):
+        return session
+    key = session_lease(session)
+    held = rt.journal.holder(key)
+    if (
+        held is not None
+        and died_here(held[0])
+        and rt.journal.take_from(key, held[0], owner, rt.settings.turn_lease)
+    ):
+        log.warning("session %s: its holder %s has died here; taking it over", session, held[0])
+        return session
+    raise SessionBusy(f"session {session} is running another turn")
 
 
 def _take_from_the_dead(rt: Runtime, turn_id: str, owner: str) -> bool:

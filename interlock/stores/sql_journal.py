@@ -68,6 +68,7 @@ __all__ = [
     "TurnStartKind",
     "journal_metadata",
     "refused_turns",
+    "session_lease",
 ]
 
 _log = logging.getLogger("interlock.journal")
@@ -76,6 +77,13 @@ RECORD_PAUSES = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0)
 """Seconds between the tries of a journal write that met a store failure (about 8 s in
 all): a dropped connection or a server restart, waited out rather than the turn
 retried and its tool run again."""
+
+
+def session_lease(session_id: str) -> str:
+    """The key of a session's lease among the turn leases (no turn id Interlock makes
+    looks like it: those are UUIDs)."""
+    return f"session:{session_id}"
+
 
 journal_metadata = MetaData()
 
@@ -386,6 +394,25 @@ class SqlTurnJournal:
         with self.store.writer(relaxed=True).begin() as conn:
             _F_RENEW.executemany(conn, params)
         return len(held)
+
+    def hold_session(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Take the lease of `session_id` (one turn of a session runs at a time: two
+        turns from the same latest snapshot would fork the session) for `ttl` seconds,
+        renewed with the turn leases held here. False while another owner holds it."""
+        key = session_lease(session_id)
+        if not self.acquire(key, owner, ttl):
+            return False
+        with self._held_lock:
+            self._held[key] = owner
+        return True
+
+    def let_go_session(self, session_id: str, owner: str) -> None:
+        """Give up the session's lease that `hold_session` took."""
+        key = session_lease(session_id)
+        with self._held_lock:
+            if self._held.get(key) == owner:
+                del self._held[key]
+        self.release(key, owner)
 
     def held(self) -> dict[str, str]:
         """The leases `begin` took here and not yet given up: turn id -> owner."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from events.outbox import outbox_table
 from events.tokens import hash_token, new_token
@@ -555,3 +555,56 @@ def test_an_outage_is_one_warning_line_and_a_bug_an_error_with_its_traceback(
         "renewing turn leases failed (OperationalError: server closed the connection)"
     )
     assert said[1].getMessage() == "renewing turn leases failed"
+
+
+def test_turns_of_one_session_run_one_at_a_time(tmp_path: Path) -> None:
+    """Two messages to the same session delivered together (a batch, two workers): the
+    second waits (SessionBusy: retried) while the first runs, then goes on from the
+    first's snapshot. Run side by side, both would go on from the same snapshot and
+    fork the session, one message missing from the other's history."""
+    import threading
+
+    from interlock import Interlock, ModelRequest
+    from workers.turns import SessionBusy
+
+    registry = Interlock(secret="test")
+    entered, go_on = threading.Event(), threading.Event()
+
+    def echo(request: ModelRequest) -> Message:
+        said = request.messages[-1].text
+        if said == "slow":
+            entered.set()
+            go_on.wait(30)
+        return Message(role="model", content=[Part(text=f"echo {said}")])
+
+    registry.define_model("test/echo", echo)
+    registry.define_agent("echo", model="test/echo")
+    settings = Settings(broker_url="memory://localhost/", store_url=f"sqlite:///{tmp_path}/s.db")
+    runtime = Runtime(settings, registry)
+
+    def message(text: str) -> dict[str, Any]:
+        said = AgentInput(message=Message(role="user", content=[Part(text=text)]))
+        return new_turn_request("echo", said, session_id="s-one").model_dump(mode="json")
+
+    try:
+        first: list[dict[str, Any]] = []
+        running = threading.Thread(target=lambda: first.append(run_turn(runtime, message("slow"))))
+        running.start()
+        assert entered.wait(30)
+        second = message("fast")
+        with pytest.raises(SessionBusy, match="session s-one is running another turn"):
+            run_turn(runtime, second)
+        go_on.set()
+        running.join(30)
+        [ended] = first
+        again = run_turn(runtime, second)  # the retry, once the first has ended
+        assert again["finish_reason"] == "stop", again
+        latest = runtime.store.get_snapshot(again["snapshot_id"])
+        assert latest is not None and latest.parent_id == ended["snapshot_id"]
+        assert [m.text for m in latest.messages] == ["slow", "echo slow", "fast", "echo fast"]
+        with runtime.store.engine.connect() as conn:  # no lease is left behind
+            leases = conn.execute(text("SELECT turn_id FROM interlock_turn_lease")).all()
+        assert leases == []
+    finally:
+        go_on.set()
+        runtime.close()
