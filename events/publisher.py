@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import math
 from typing import Any
@@ -15,7 +16,7 @@ from schemas import Decision, EventBase
 
 from .topology import DECISIONS, DECISIONS_DEAD, EVENTS, all_queues
 
-__all__ = ["RETRY_POLICY", "Publisher", "declare"]
+__all__ = ["RETRY_POLICY", "Publisher", "TopologyConflict", "declare"]
 
 RETRY_POLICY: dict[str, Any] = {
     "max_retries": 10,
@@ -25,11 +26,35 @@ RETRY_POLICY: dict[str, Any] = {
 }
 
 
+class TopologyConflict(Exception):
+    """The broker holds an exchange or queue of the protocol declared otherwise than
+    Interlock declares it (RabbitMQ's PRECONDITION_FAILED: another queue type, other
+    arguments, not durable): it refuses Interlock's declaration, and with it every
+    publish and consume that declares it. An operator's to fix: nothing retried helps."""
+
+
 def declare(connection: Connection) -> None:
-    """Declare the exchanges, queues and bindings (idempotent)."""
-    with connection.channel() as channel:
+    """Declare the exchanges, queues and bindings (idempotent). Raises
+    `TopologyConflict` when the broker holds one of them declared otherwise."""
+    channel = connection.channel()
+    try:
         for queue in all_queues():
             queue.bind(channel).declare()
+    except Exception as exc:
+        if getattr(exc, "code", None) != _PRECONDITION_FAILED:
+            raise
+        said = str(getattr(exc, "reply_text", None) or exc)
+        raise TopologyConflict(
+            f"the broker refuses Interlock's exchanges and queues: {said}. Delete what it "
+            "names (Interlock declares it again; docs/queues.md) or declare it as Interlock does"
+        ) from exc
+    finally:
+        with contextlib.suppress(Exception):  # a refused declaration closed the channel
+            channel.close()
+
+
+_PRECONDITION_FAILED = 406
+"""AMQP's reply code for a declaration that does not match what the broker holds."""
 
 
 class Publisher:

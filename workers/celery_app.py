@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import Any
 
 import celery.apps.worker as celery_worker
-from celery.platforms import EX_OK
+from celery.platforms import EX_FAILURE, EX_OK
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
+from celery.worker import state
 
-from events.publisher import declare
+from events.publisher import TopologyConflict, declare
 from events.topology import TURNS
 
 from .app import create_app, runtime_of
@@ -44,8 +46,13 @@ def _declare_topology(**_: Any) -> None:
     """The exchanges and queues of `events.topology`, declared as the worker starts
     (Celery declares only `interlock.turns`): a dashboard can bind its own queue to
     `interlock.events` before the first event is published."""
-    with runtime_of(app).connection() as connection:
-        declare(connection)
+    try:
+        with runtime_of(app).connection() as connection:
+            declare(connection)
+    except TopologyConflict as exc:  # no event could be published: stop, exit 1
+        os.write(2, f"error: FAILED_PRECONDITION: {exc}; the worker stops\n".encode())
+        state.should_stop = EX_FAILURE
+        return
     log.info("declared Interlock's exchanges and queues")
 
 

@@ -18,7 +18,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 
 from events.compression import bound_decompression
 from events.decision_log import DecisionRecord
-from events.publisher import declare
+from events.publisher import TopologyConflict, declare
 from events.redis_transport import UNREADABLE
 from events.topology import DECISIONS, DECISIONS_DEAD
 from interlock import StatusError
@@ -124,7 +124,10 @@ class ResumeConsumer(ConsumerMixin):
     ) -> None:
         # Declared before any event is published, so a dashboard can bind its own
         # queue to `interlock.events` (or read `interlock.interrupted`) from the start.
-        declare(connection)
+        try:
+            declare(connection)
+        except TopologyConflict as exc:  # kombu would reconnect and refuse it for ever
+            raise StatusError(Status.FAILED_PRECONDITION, str(exc)) from exc
         log.info("declared Interlock's exchanges and queues; consuming %s", DECISIONS.name)
 
     def on_iteration(self) -> None:

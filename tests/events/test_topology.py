@@ -59,3 +59,34 @@ def test_a_started_process_declares_the_topology(role: str, tmp_path: Path) -> N
                 channel.queue_bind("dashboard.own", EVENTS.name, "#")  # no 404
         finally:
             service.stop()
+
+
+def test_a_queue_declared_otherwise_stops_every_command_with_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    """A dashboard (re)declared `interlock.interrupted` as a quorum queue: RabbitMQ then
+    refuses Interlock's declaration of it, and every publish and consume that declares
+    it. The worker and the resume consumer stop at once, exit 1, with one line naming
+    the queue (not a worker that runs and publishes nothing, nor a consumer reconnecting
+    every second); `interlock health` says it too."""
+    from kombu.entity import Queue
+
+    from tests.queue_helpers import run_cli
+
+    with rabbitmq_vhost() as url:
+        if url.endswith("/"):
+            pytest.skip("rabbitmqctl could not make a fresh vhost")
+        with Connection(url) as conn, conn.channel() as channel:
+            quorum = {"x-queue-type": "quorum"}
+            Queue(INTERRUPTED.name, durable=True, queue_arguments=quorum).bind(channel).declare()
+        store = f"sqlite:///{tmp_path}/i.db"
+        said = "error: FAILED_PRECONDITION: the broker refuses Interlock's exchanges and queues"
+        for role in (["worker", "--concurrency", "1"], ["resume-consumer"]):
+            ran = run_cli(*role, "--app", APP, "--broker", url, "--store", store, timeout=60)
+            assert ran.returncode == 1, ran.describe()
+            assert said in ran.stderr, ran.describe()
+            assert "'x-queue-type' for queue 'interlock.interrupted'" in ran.stderr
+            assert "Traceback" not in ran.stderr, ran.describe()
+        health = run_cli("health", "--broker", url, "--store", store)
+        assert health.returncode == 1, health.describe()
+        assert "broker error: FAILED_PRECONDITION: the broker refuses" in health.stderr

@@ -169,6 +169,7 @@ def health(
 
     from sqlalchemy import text
 
+    from events.publisher import TopologyConflict, declare
     from interlock.stores.sql import make_engine
 
     settings = settings_of(broker=broker, store=store)
@@ -176,7 +177,10 @@ def health(
     try:
         with Connection(settings.broker_url, connect_timeout=5) as conn:
             conn.ensure_connection(max_retries=1)
+            declare(conn)  # as workers do: one the broker holds declared otherwise shows
         report["broker"] = "ok"
+    except TopologyConflict as exc:
+        report["broker"] = f"error: {Status.FAILED_PRECONDITION.value}: {exc}"
     except Exception as exc:
         report["broker"] = f"error: {one_line(exc)}"
     try:

@@ -99,6 +99,7 @@ def worker(
     if burst:  # a batch job: no broker or store, one line (UNAVAILABLE), turns kept queued
         _reach_broker(settings)
         reach_store(settings.store_url)
+    _declare_first(settings)
     emit(
         {
             "worker": "starting",
@@ -139,6 +140,25 @@ def worker(
     if burst:
         env[BURST_ENV] = str(idle)
     os.execve(sys.executable, argv, env)
+
+
+def _declare_first(settings: Settings) -> None:
+    """Declare the protocol's exchanges and queues before Celery starts, where the
+    broker answers: one it holds declared otherwise ends the command here
+    (FAILED_PRECONDITION), not a worker that runs and can publish no event. A broker
+    that does not answer yet is left to Celery, which waits for it (and the worker
+    declares them once ready)."""
+    from events.publisher import TopologyConflict, declare
+
+    with settings.connection() as conn:
+        try:
+            conn.ensure_connection(max_retries=1, interval_start=0.5, timeout=5)
+        except Exception:
+            return
+        try:
+            declare(conn)
+        except TopologyConflict as exc:
+            raise StatusError(Status.FAILED_PRECONDITION, str(exc)) from exc
 
 
 def _reach_broker(settings: Settings) -> None:
