@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -127,8 +130,44 @@ class Agent:
         pass the `state` of the last output. `claimed_by` runs a resume whose snapshot
         the caller already claimed with that id. With a `journal`, the turn's model
         responses and tool outcomes are kept as they complete, and a second run of the
-        same `turn_id` replays them instead of doing them again."""
+        same `turn_id` replays them instead of doing them again.
+
+        New messages to one session (`session_id=`) run one at a time in a process:
+        side by side, both would go on from the same latest snapshot and fork the
+        session. (Workers hold a lease on the session for the same reason.)"""
         agent_input = as_input(input)
+        one_at_a_time = (
+            _session_lock(self.store, session_id)
+            if self.store is not None
+            and session_id is not None
+            and snapshot_id is None
+            and agent_input.resume is None
+            else contextlib.nullcontext()
+        )
+        with one_at_a_time:
+            return self._run(
+                agent_input,
+                session_id=session_id,
+                snapshot_id=snapshot_id,
+                state=state,
+                claimed_by=claimed_by,
+                turn_id=turn_id,
+                on_chunk=on_chunk,
+                journal=journal,
+            )
+
+    def _run(
+        self,
+        agent_input: AgentInput,
+        *,
+        session_id: str | None,
+        snapshot_id: str | None,
+        state: str | None,
+        claimed_by: str | None,
+        turn_id: str | None,
+        on_chunk: Emit | None,
+        journal: TurnJournal | None,
+    ) -> AgentOutput:
         base = self._address(agent_input, session_id, snapshot_id, state)
         answers: Mapping[str, Answer] | None = None
         claim: str | None = None
@@ -491,3 +530,19 @@ def _lapsed(snapshot: Snapshot) -> bool:
         and snapshot.resumed_by is None
         and passed_deadline(snapshot) is not None
     )
+
+
+_SESSION_LOCKS: weakref.WeakValueDictionary[tuple[int, str], threading.RLock] = (
+    weakref.WeakValueDictionary()
+)
+_SESSION_LOCKS_GUARD = threading.Lock()
+
+
+def _session_lock(store: object, session_id: str) -> threading.RLock:
+    """The lock of one session of one store in this process (kept while in use)."""
+    key = (id(store), session_id)
+    with _SESSION_LOCKS_GUARD:
+        lock = _SESSION_LOCKS.get(key)
+        if lock is None:
+            lock = _SESSION_LOCKS[key] = threading.RLock()
+        return lock

@@ -19,6 +19,7 @@ from examples.banking import (
 from interlock import (
     Agent,
     AgentInput,
+    AgentOutput,
     FinishReason,
     InMemorySessionStore,
     Interlock,
@@ -859,3 +860,43 @@ def test_run_from_inside_an_event_loop() -> None:
         return str(agent.run(ToolResume(restart=[reply]), session_id=out.session_id).text)
 
     assert asyncio.run(main()) == 'results: [{"value": 6}]'
+
+
+def test_messages_to_one_session_run_one_at_a_time() -> None:
+    """Two threads send to the same session at once: the second turn waits for the
+    first and goes on from its snapshot. Side by side, both would go on from the same
+    snapshot, and one message would be missing from the other's history."""
+    import threading
+
+    ai = Interlock()
+    entered, go_on = threading.Event(), threading.Event()
+
+    def echo(request: ModelRequest) -> Message:
+        said = request.messages[-1].text
+        if said == "slow":
+            entered.set()
+            go_on.wait(30)
+        return Message(role="model", content=[Part(text=f"echo {said}")])
+
+    ai.define_model("test/echo", echo)
+    agent = ai.define_agent("echo", model="test/echo", store=InMemorySessionStore())
+    outs: dict[str, AgentOutput] = {}
+
+    def send(text: str) -> None:
+        outs[text] = agent.run_text(text, session_id="s-one")
+
+    first = threading.Thread(target=send, args=("slow",))
+    first.start()
+    assert entered.wait(30)
+    second = threading.Thread(target=send, args=("fast",))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive(), "the second turn waits while the first runs"
+    go_on.set()
+    first.join(30)
+    second.join(30)
+    assert agent.store is not None
+    latest = agent.store.get_latest_snapshot("s-one")
+    assert latest is not None and latest.snapshot_id == outs["fast"].snapshot_id
+    assert latest.parent_id == outs["slow"].snapshot_id
+    assert [m.text for m in latest.messages] == ["slow", "echo slow", "fast", "echo fast"]
