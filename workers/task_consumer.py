@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from celery.exceptions import InvalidTaskError
 from celery.worker.consumer import Consumer
 from celery.worker.consumer import consumer as celery_consumer
 from kombu.message import Message
@@ -38,6 +39,21 @@ log = logging.getLogger("interlock.worker")
 
 class TaskConsumer(Consumer):  # type: ignore[misc]
     """Celery's worker consumer, keeping what it cannot run (`worker_consumer`)."""
+
+    def create_task_handler(self, promise: Any = celery_consumer.promise) -> Any:
+        """Celery's handler of a task message, after a check of what Celery would
+        trip on outside the errors it handles: a task message with no `id` header, or
+        whose body is no `[args, kwargs, options]` list, would stop the worker (or
+        restart its consumer over and over) and come back to stop the next one."""
+        handle = super().create_task_handler(promise)
+
+        def on_task_received(message: Message) -> Any:
+            reason = _malformed(message) if _from_turns(message) else None
+            if reason is not None:
+                return self.on_invalid_task(None, message, InvalidTaskError(reason))
+            return handle(message)
+
+        return on_task_received
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
         reason = f"the task message cannot be decoded: {exc}"
@@ -131,6 +147,30 @@ class _CeleryLines(logging.Filter):
 
 
 _CELERY_LINES = _CeleryLines()
+
+
+def _malformed(message: Message) -> str | None:
+    """What makes a Celery (protocol 2) task message unrunnable beyond what Celery
+    checks itself, or None. A body that cannot be decoded is left to Celery's check."""
+    headers = message.headers
+    if not isinstance(headers, dict) or "task" not in headers:
+        return None  # no task message: Celery's own check says so
+    task_id = headers.get("id")
+    if not isinstance(task_id, str) or not task_id:
+        return "the task message has no id header (a string)"
+    try:
+        body = message.payload  # decoded once: Celery reads the same, cached
+    except Exception:
+        return None
+    if not (
+        isinstance(body, list | tuple)
+        and len(body) == 3
+        and isinstance(body[0], list | tuple)
+        and isinstance(body[1], dict)
+        and isinstance(body[2], dict)
+    ):
+        return "the task body must be the JSON list [args, kwargs, options]: a list, two objects"
+    return None
 
 
 def _from_turns(message: Message) -> bool:

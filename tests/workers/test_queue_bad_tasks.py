@@ -131,6 +131,38 @@ def test_an_unknown_task_is_kept_with_its_name(stack: QueueStack, dash: Dashboar
     still_serving(dash)
 
 
+_REQUEST = {"turn_id": "t-shape", "agent": "bankingAgent", "input": {"message": None}}
+_MALFORMED_BODY = (
+    "invalid task message: the task body must be the JSON list [args, kwargs, options]: "
+    "a list, two objects"
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "reason"),
+    [
+        ([[_REQUEST], {}], None, _MALFORMED_BODY),
+        ([_REQUEST], None, _MALFORMED_BODY),
+        ({"request": _REQUEST}, None, _MALFORMED_BODY),
+        (None, None, _MALFORMED_BODY),
+        ([[_REQUEST], {}, {}], {"task": "interlock.run_turn"}, "has no id header"),
+    ],
+    ids=["two-items", "bare-list", "object", "null", "no-id"],
+)
+def test_a_task_message_celery_would_trip_on_is_kept(
+    stack: QueueStack, dash: Dashboard, body: Any, headers: dict[str, Any] | None, reason: str
+) -> None:
+    """Celery itself fails outside its own checks on these: a body that is no list of
+    three stops the worker (and, put back, the next one), and a missing `id` header
+    restarts its consumer over and over. They are kept like any unrunnable message, and
+    the worker goes on."""
+    raw = json.dumps(body).encode()
+    envelope = kept(stack, raw, "application/json", headers or celery_headers())
+    assert reason in envelope["reason"], envelope
+    assert stack.worker is not None and stack.worker.alive
+    still_serving(dash)
+
+
 def test_a_message_that_is_no_task_is_kept(stack: QueueStack, dash: Dashboard) -> None:
     """A decision sent to the wrong queue, say: no Celery headers at all."""
     body = json.dumps({"schema_version": 1, "decision_id": str(uuid.uuid4())}).encode()
