@@ -129,6 +129,7 @@ _RENEW = (
 _DROP_LEASE = delete(_LEASE).where(
     _LEASE.c.turn_id == bindparam("p_turn"), _LEASE.c.owner == bindparam("p_owner")
 )
+_DROP_TURN_LEASE = delete(_LEASE).where(_LEASE.c.turn_id == bindparam("p_turn"))
 _DROP_ENTRIES = delete(_JOURNAL).where(_JOURNAL.c.turn_id == bindparam("p_turn"))
 _LOAD = select(_JOURNAL.c.key, _JOURNAL.c.body).where(_JOURNAL.c.turn_id == bindparam("p_turn"))
 _RECORD = insert(_JOURNAL)
@@ -302,6 +303,7 @@ class SqlTurnJournal:
             "created_at": utcnow(),
         }
         _F_RECORD.execute(conn, row)
+        conn.execute(_DROP_TURN_LEASE, {"p_turn": turn_id})  # the turn is over: no lease
         return True
 
     # -- a worker's turn ----------------------------------------------------------------

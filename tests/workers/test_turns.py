@@ -79,6 +79,7 @@ def test_a_refused_turn_is_not_run_by_a_later_delivery(rt: Runtime) -> None:
     assert refused["error"]["status"] == "FAILED_PRECONDITION", refused
     assert "answer the pending interrupts first" in refused["error"]["message"]
     assert _failed_events(rt, turn_id) == 1
+    assert rt.journal.holder(turn_id) is None, "a refused turn leaves no lease behind"
 
     agent = rt.agent("bankingAgent")
     waiting = agent.store.get_snapshot(paused["snapshot_id"])  # type: ignore[union-attr]
@@ -129,7 +130,7 @@ def test_a_refusal_ends_the_turn_for_the_journal(rt: Runtime) -> None:
     journal: SqlTurnJournal = rt.journal
     start = journal.begin(request.turn_id, "another-worker", 30.0)
     assert (start.kind, start.snapshot_id, start.status) == (TurnStartKind.ENDED, None, "refused")
-    assert journal.holder(request.turn_id) is not None, "its expired lease row is kept"
+    assert journal.holder(request.turn_id) is None, "the refusal left no lease row behind"
     assert _failed_events(rt, request.turn_id) == 1
 
 
