@@ -38,6 +38,7 @@ from sqlalchemy import (
     Table,
     Text,
     bindparam,
+    delete,
     event,
     insert,
     select,
@@ -56,6 +57,7 @@ from .store import SqlStore
 
 __all__ = [
     "MARK_DELAY",
+    "RETENTION",
     "SWEEP_GRACE",
     "SWEEP_INTERVAL",
     "Outbox",
@@ -107,6 +109,18 @@ _MARK_SENT = (
     .values(sent_at=bindparam("p_at"), body=bindparam("p_body"))
 )
 _INSERT_RETURNING = _INSERT.returning(_OUT.id)
+_PRUNE = delete(outbox_table).where(
+    _OUT.id.in_(
+        select(_OUT.id)
+        .where(_OUT.sent_at.is_not(None), _OUT.sent_at < bindparam("p_before"))
+        .order_by(_OUT.id)
+        .limit(bindparam("p_limit"))
+    )
+)
+
+RETENTION = 7 * 24 * 3600.0
+"""Seconds a published event's row is kept (`INTERLOCK_OUTBOX_RETENTION`): a week, to
+look at what went out; the resume consumer then deletes it."""
 
 SWEEP_GRACE = 2.0
 """Seconds a row stays its writer's to publish before another process's sweep takes it
@@ -201,6 +215,14 @@ class Outbox:
             self.add(conn, event)
 
     # -------------------------------------------------------- reading the table
+
+    def prune_sent(self, older_than: float = RETENTION, limit: int = 1000) -> int:
+        """Delete up to `limit` rows published more than `older_than` seconds ago (the
+        oldest first); returns how many. Unsent rows are never deleted."""
+        before = utcnow() - timedelta(seconds=older_than)
+        with self.store.writer(relaxed=True).begin() as conn:
+            done = conn.execute(_PRUNE, {"p_before": before, "p_limit": limit})
+        return int(done.rowcount or 0)
 
     def unsent(self, limit: int = 500) -> list[Row]:
         with self.engine.begin() as conn:

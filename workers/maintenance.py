@@ -1,5 +1,5 @@
-"""Periodic upkeep, run by the resume consumer: expire overdue interrupts, then
-publish what the outbox still holds."""
+"""Periodic upkeep, run by the resume consumer: expire overdue interrupts, publish what
+the outbox still holds, and delete the rows of events published long ago."""
 
 from __future__ import annotations
 
@@ -24,11 +24,16 @@ class Maintenance:
         self._thread: threading.Thread | None = None
 
     def run_once(self) -> tuple[int, int]:
-        """(interrupts expired, events published)."""
+        """(interrupts expired, events published); then the rows of events published
+        longer ago than `INTERLOCK_OUTBOX_RETENTION` are deleted."""
         expired = expire_overdue(self.rt.store, self.rt.outbox)
         for event in expired:
             log.info("snapshot %s expired (deadline %s)", event.snapshot_id, event.expires_at)
-        return len(expired), self.rt.relay.flush()
+        published = self.rt.relay.flush()
+        pruned = self.rt.outbox.prune_sent(self.rt.settings.outbox_retention)
+        if pruned:
+            log.info("deleted %d outbox rows of events published before the retention", pruned)
+        return len(expired), published
 
     def start(self, interval: float) -> None:
         def loop() -> None:

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from kombu.connection import Connection
 
+from events.outbox import RETENTION as OUTBOX_RETENTION
 from events.redis_transport import transport_for
 from interlock import Status, StatusError
 
@@ -56,6 +57,7 @@ class Settings:
     relay_interval: float = 5.0
     turn_lease: float = DEFAULT_TURN_LEASE
     heartbeat_file: str | None = None
+    outbox_retention: float = OUTBOX_RETENTION
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -70,6 +72,7 @@ class Settings:
             relay_interval=_seconds("INTERLOCK_RELAY_INTERVAL", 5.0),
             turn_lease=_seconds("INTERLOCK_TURN_LEASE", DEFAULT_TURN_LEASE),
             heartbeat_file=env.get("INTERLOCK_HEARTBEAT_FILE") or None,
+            outbox_retention=_seconds("INTERLOCK_OUTBOX_RETENTION", OUTBOX_RETENTION),
         )
         settings = replace(base, **{k: v for k, v in overrides.items() if v is not None})
         settings.check_urls()
@@ -90,6 +93,7 @@ class Settings:
             "INTERLOCK_VISIBILITY_TIMEOUT": str(self.visibility_timeout),
             "INTERLOCK_RELAY_INTERVAL": str(self.relay_interval),
             "INTERLOCK_TURN_LEASE": str(self.turn_lease),
+            "INTERLOCK_OUTBOX_RETENTION": str(self.outbox_retention),
         }
         if self.app:
             env["INTERLOCK_APP"] = self.app

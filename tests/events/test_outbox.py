@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,6 +32,7 @@ from schemas import (
     SnapshotStatus,
     TurnExpired,
     TurnInterrupted,
+    utcnow,
 )
 from tests.services import eventually, free_port
 from tests.sql_helpers import checked_at_commit
@@ -488,3 +490,35 @@ def test_processes_sweeping_at_once_publish_each_leftover_once(
             box.close()
         for store in stores:
             store.close()
+
+
+def test_rows_of_events_published_long_ago_are_deleted(
+    store: SqlSessionStore, outbox: Outbox, relay: OutboxRelay
+) -> None:
+    """`prune_sent` deletes the rows of events published before the retention, oldest
+    first and a batch at a time; a row not yet published is kept however old it is."""
+    relay.flush()
+    relay.sweep_interval = 3600
+    old_sent, recent_sent, old_unsent = (interrupted(f"t-{uuid.uuid4()}") for _ in range(3))
+    for sent in (old_sent, recent_sent):
+        outbox.add_now(sent)
+    assert relay.flush() == 2
+    sent_row(store, old_sent.event_id)
+    sent_row(store, recent_sent.event_id)
+    with store.writer().begin() as conn:  # one published a day ago, one written a day ago
+        day_ago = utcnow() - timedelta(days=1)
+        conn.execute(
+            text("UPDATE interlock_outbox SET sent_at = :t WHERE event_id = :e"),
+            {"t": day_ago, "e": old_sent.event_id},
+        )
+    with outbox.store.writer().begin() as conn:
+        outbox.add(conn, old_unsent)
+        conn.execute(
+            text("UPDATE interlock_outbox SET created_at = :t WHERE event_id = :e"),
+            {"t": day_ago, "e": old_unsent.event_id},
+        )
+    assert outbox.prune_sent(older_than=3600, limit=1000) == 1
+    assert row(store, old_sent.event_id) is None
+    assert row(store, recent_sent.event_id) is not None
+    assert row(store, old_unsent.event_id) is not None, "never published: kept"
+    assert outbox.prune_sent(older_than=3600) == 0

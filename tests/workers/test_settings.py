@@ -23,6 +23,10 @@ def test_numbers_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     monkeypatch.setenv("INTERLOCK_TURN_LEASE", "")
     assert Settings.from_env().turn_lease == 20.0, "empty means the default"
+    assert Settings.from_env().outbox_retention == 7 * 24 * 3600.0, "a week by default"
+    monkeypatch.setenv("INTERLOCK_OUTBOX_RETENTION", "86400")
+    assert Settings.from_env().outbox_retention == 86400.0
+    assert Settings.from_env().to_env()["INTERLOCK_OUTBOX_RETENTION"] == "86400.0"
 
 
 @pytest.mark.parametrize(
