@@ -36,7 +36,13 @@ from schemas import (
 )
 
 from .app import runtime_of, send_turn
-from .decisions import ParseFailure, evaluate, parse_decision, resume_request
+from .decisions import (
+    ParseFailure,
+    evaluate,
+    lenient_failure,
+    parse_decision,
+    resume_request,
+)
 from .turns import retried
 
 __all__ = ["EnqueueError", "ResumeConsumer", "StopRequested"]
@@ -213,7 +219,7 @@ class ResumeConsumer(ConsumerMixin):
         raw = body.encode() if isinstance(body, str) else bytes(body or b"")
         wrong = headers.get(UNREADABLE)  # the broker's item was no message at all
         parsed = (
-            ParseFailure(f"not a decision: {wrong}")
+            lenient_failure(f"not a decision: {wrong}", raw)  # its ids, where it names them
             if isinstance(wrong, str)
             else parse_decision(raw, content_type)
         )

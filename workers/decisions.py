@@ -38,7 +38,14 @@ from schemas import (
 
 from .runtime import Runtime
 
-__all__ = ["ParseFailure", "evaluate", "parse_decision", "resume_request", "to_tool_resume"]
+__all__ = [
+    "ParseFailure",
+    "evaluate",
+    "lenient_failure",
+    "parse_decision",
+    "resume_request",
+    "to_tool_resume",
+]
 
 _ID_READ_LIMIT = 8 * MAX_DECISION_BYTES
 """A decision over the limit is still read for its decision_id, up to this size, so its
@@ -65,14 +72,16 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
     raw = body.encode() if isinstance(body, str) else bytes(body or b"")
     if len(raw) > MAX_DECISION_BYTES:
         reason = f"decision is {len(raw)} bytes; the limit is {MAX_DECISION_BYTES}"
-        return _lenient(reason, raw) if len(raw) <= _ID_READ_LIMIT else ParseFailure(reason)
+        return lenient_failure(reason, raw) if len(raw) <= _ID_READ_LIMIT else ParseFailure(reason)
     data = _read_json(raw)
     kind = (content_type or "").split(";")[0].strip().lower()
     if kind not in _JSON_TYPES:
         reason = f"content type {content_type!r} is not accepted: send JSON"
-        return _lenient(reason, raw) if isinstance(data, ParseFailure) else _failure(reason, data)
+        if isinstance(data, ParseFailure):
+            return lenient_failure(reason, raw)
+        return _failure(reason, data)
     if isinstance(data, ParseFailure):
-        return _lenient(data.reason, raw)
+        return lenient_failure(data.reason, raw)
     if not isinstance(data, dict):
         return ParseFailure(f"decision must be a JSON object, not {type(data).__name__}")
     if "schema_version" not in data:
@@ -136,7 +145,7 @@ def _readable(data: Any, key: str) -> str | None:
     return None
 
 
-def _lenient(reason: str, raw: bytes) -> ParseFailure:
+def lenient_failure(reason: str, raw: bytes) -> ParseFailure:
     """A refused body with what it names, read as Python's reader reads JSON (which
     takes NaN and Infinity), else its decision_id scanned: its sender can still match
     the rejection."""

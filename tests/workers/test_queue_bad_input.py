@@ -461,6 +461,28 @@ def test_a_queue_item_that_is_no_message_is_rejected_and_kept(
     still_answerable(dash, paused)
 
 
+def test_an_item_that_is_no_message_but_names_its_decision_is_rejected_under_that_id(
+    dash: Dashboard, stack: QueueStack
+) -> None:
+    """A bare decision that happens to carry top-level `body` and `properties` fields
+    looks like a broken kombu envelope: refused as such, but under its decision_id (and
+    with its snapshot_id), so that its sender can match the rejection."""
+    paused = dash.paused("Transfer $25 to odd-fields")
+    body = {
+        **decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused)),
+        "body": "x",
+        "properties": "p",
+    }
+    push_item(stack, json.dumps(body))
+    event = dash.outcome(body["decision_id"])
+    wire = event.model_dump(mode="json")
+    assert wire["type"] == "decision.rejected", wire
+    assert wire["error"]["status"] == "INVALID_ARGUMENT"
+    assert "no properties with a delivery_tag" in wire["error"]["message"]
+    assert wire["snapshot_id"] == paused.snapshot_id
+    still_answerable(dash, paused)
+
+
 def test_a_bare_decision_pushed_onto_the_list_is_read(dash: Dashboard, stack: QueueStack) -> None:
     """A decision's JSON pushed onto the Redis list as it is, with no kombu envelope
     (the simplest client in another language): read as the decision it is."""
