@@ -1,39 +1,58 @@
 """Turns to submit, read from a file: one per line (`interlock submit --file`).
 
 A line is the user's message as it stands, or, when it starts with `{`, a JSON object
-`{"text": "...", "session_id": "..."}` (`session_id` optional: a new session when
-absent). Blank lines are skipped. The whole file is read and checked before anything is
-sent, so a bad line (its number in the error) leaves nothing half submitted.
+`{"text": "...", "session_id": "...", "turn_id": "..."}` (`session_id` optional: a new
+session when absent; `turn_id` optional: a new one when absent, and a turn sent again
+with the same one runs once). Blank lines are skipped; a byte order mark at the start
+of the file is no part of its first line (the CLI reads it as `utf-8-sig`). The whole
+file is read and checked before anything is sent, so a bad line (its number in the
+error) leaves nothing half submitted: that includes what a worker would refuse before
+the turn runs, a NUL character or a lone surrogate.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from interlock import Status, StatusError
 
-__all__ = ["FileTurn", "read_turns"]
+from .decisions import unstorable
+
+__all__ = ["FileTurn", "read_turns", "session_for"]
 
 MAX_TURNS = 100_000
 """Turns one file may hold: they are read into memory before any is sent."""
 
+FIELDS = ("text", "session_id", "turn_id")
+"""The fields of a JSON line."""
+
+_TURN_SESSIONS = uuid.UUID("d61b228a-9bea-4d19-932f-e4a43089ac06")
+"""The namespace of the sessions named after a turn id (`session_for`)."""
+
 
 @dataclass(frozen=True)
 class FileTurn:
+    """One turn to send: the line it is on (0 for `--text`), the message, and the ids
+    the line gives (None: none given)."""
+
     line: int
     text: str
     session_id: str | None = None
+    turn_id: str | None = None
 
 
 def read_turns(lines: Iterable[str], name: str = "the file") -> list[FileTurn]:
     """The turns of `lines`; a `StatusError` (INVALID_ARGUMENT) naming the first bad
     line, or saying the file holds none."""
     turns: list[FileTurn] = []
+    ids: dict[str, int] = {}  # turn_id: the line that gives it
     try:
         for number, raw in enumerate(lines, start=1):
-            _add(turns, name, number, raw)
+            _add(turns, ids, name, number, raw)
     except UnicodeDecodeError as exc:  # the file is read as UTF-8 (click.File)
         raise StatusError(
             Status.INVALID_ARGUMENT, f"{name} is not UTF-8 text: {exc.reason}"
@@ -43,15 +62,37 @@ def read_turns(lines: Iterable[str], name: str = "the file") -> list[FileTurn]:
     return turns
 
 
-def _add(turns: list[FileTurn], name: str, number: int, raw: str) -> None:
+def session_for(turn: FileTurn) -> str:
+    """The session `turn` goes to: its own; for a turn with a `turn_id` and no session,
+    one named after the turn id (the same each time it is sent, so that a turn sent
+    again names the session it ran in); else a new one."""
+    if turn.session_id is not None:
+        return turn.session_id
+    if turn.turn_id is not None:
+        return str(uuid.uuid5(_TURN_SESSIONS, turn.turn_id))
+    return str(uuid.uuid4())
+
+
+def _add(turns: list[FileTurn], ids: dict[str, int], name: str, number: int, raw: str) -> None:
     line = raw.strip()
     if not line:
         return
     if len(turns) == MAX_TURNS:
         raise _bad(name, number, f"more than {MAX_TURNS} turns in one file: split it")
-    turns.append(
-        _object_turn(name, number, line) if line.startswith("{") else FileTurn(number, line)
+    turn = (
+        _object_turn(name, number, line) if line.startswith("{") else _text_turn(name, number, line)
     )
+    if turn.turn_id is not None:
+        first = ids.setdefault(turn.turn_id, number)
+        if first != number:
+            said = json.dumps(turn.turn_id)
+            raise _bad(name, number, f"turn_id {said} is line {first}'s too: each turn has its own")
+    turns.append(turn)
+
+
+def _text_turn(name: str, number: int, line: str) -> FileTurn:
+    _check_sendable(name, number, line)
+    return FileTurn(number, line)
 
 
 def _object_turn(name: str, number: int, line: str) -> FileTurn:
@@ -61,15 +102,31 @@ def _object_turn(name: str, number: int, line: str) -> FileTurn:
         raise _bad(name, number, f"not a JSON object: {exc}") from None
     if not isinstance(value, dict):
         raise _bad(name, number, "not a JSON object")
-    unknown = sorted(set(value) - {"text", "session_id"})
+    _check_sendable(name, number, value)
+    unknown = sorted(set(value) - set(FIELDS))
     if unknown:
-        raise _bad(name, number, f"unknown field(s) {', '.join(unknown)}: use text, session_id")
-    text, session_id = value.get("text"), value.get("session_id")
+        raise _bad(name, number, f"unknown field(s) {', '.join(unknown)}: use {', '.join(FIELDS)}")
+    text = value.get("text")
     if not isinstance(text, str) or not text.strip():
         raise _bad(name, number, '"text" must be a non-empty string')
-    if session_id is not None and (not isinstance(session_id, str) or not session_id):
-        raise _bad(name, number, '"session_id" must be a non-empty string or absent')
-    return FileTurn(number, text, session_id)
+    session_id = _optional_id(name, number, value, "session_id")
+    return FileTurn(number, text, session_id, _optional_id(name, number, value, "turn_id"))
+
+
+def _optional_id(name: str, number: int, value: dict[str, Any], field: str) -> str | None:
+    """The id `field` of a JSON line (absent or null: None), a non-empty string."""
+    found = value.get(field)
+    if found is not None and (not isinstance(found, str) or not found):
+        raise _bad(name, number, f'"{field}" must be a non-empty string or absent')
+    return found if isinstance(found, str) else None
+
+
+def _check_sendable(name: str, number: int, data: Any) -> None:
+    """Refuse what a worker would refuse before the turn runs ("run_turn request
+    contains ..."): a NUL character or a lone surrogate in any string of the line."""
+    bad = unstorable(data)
+    if bad is not None:
+        raise _bad(name, number, f"contains {bad}: a worker would refuse the turn")
 
 
 def _bad(name: str, number: int, reason: str) -> StatusError:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from interlock import Status, StatusError
 from workers import turn_file
 from workers.cli import main
-from workers.turn_file import FileTurn, read_turns
+from workers.turn_file import FileTurn, read_turns, session_for
 
 
 def test_lines_are_messages_or_json_objects() -> None:
@@ -21,23 +21,45 @@ def test_lines_are_messages_or_json_objects() -> None:
         '{"text": "Hi", "session_id": "s-1"}\n',
         '{"text": "Hello"}',
         "[not an object, so a message]",
+        '{"text": "Again", "turn_id": "batch-7.6", "session_id": null}',
+        '{"text": "Both", "session_id": "s-2", "turn_id": "batch-7.7"}',
     ]
     assert read_turns(lines) == [
         FileTurn(1, "Transfer $5 to savings"),
         FileTurn(3, "Hi", "s-1"),
         FileTurn(4, "Hello"),
         FileTurn(5, "[not an object, so a message]"),
+        FileTurn(6, "Again", turn_id="batch-7.6"),
+        FileTurn(7, "Both", "s-2", "batch-7.7"),
     ]
+
+
+def test_a_turn_id_names_the_same_session_each_time() -> None:
+    """A line that gives a turn_id and no session: sent again, it names the session the
+    turn ran in (a new one for another turn id); a line without either, a new session
+    each time."""
+    again = FileTurn(1, "Hi", turn_id="batch-7.1")
+    assert session_for(again) == session_for(FileTurn(9, "Hi", turn_id="batch-7.1"))
+    assert session_for(again) != session_for(FileTurn(1, "Hi", turn_id="batch-7.2"))
+    assert session_for(FileTurn(1, "Hi", "s-1", "batch-7.1")) == "s-1"
+    assert session_for(FileTurn(1, "Hi")) != session_for(FileTurn(1, "Hi"))
 
 
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
         ('{"text": "cut', "not a JSON object: "),
-        ('{"txt": "typo"}', "unknown field(s) txt: use text, session_id"),
+        ('{"txt": "typo"}', "unknown field(s) txt: use text, session_id, turn_id"),
         ('{"session_id": "s"}', '"text" must be a non-empty string'),
         ('{"text": "  "}', '"text" must be a non-empty string'),
         ('{"text": "hi", "session_id": 7}', '"session_id" must be a non-empty string'),
+        ('{"text": "hi", "turn_id": 7}', '"turn_id" must be a non-empty string or absent'),
+        ('{"text": "hi", "turn_id": ""}', '"turn_id" must be a non-empty string or absent'),
+        ("Hello\x00world", "contains a NUL character (\\u0000): a worker would refuse the turn"),
+        ('{"text": "Hello\\u0000"}', "contains a NUL character (\\u0000): a worker would refuse"),
+        ('{"text": "hi", "session_id": "s\\u0000"}', "contains a NUL character (\\u0000)"),
+        ('{"text": "hi", "turn_id": "t\\u0000"}', "contains a NUL character (\\u0000)"),
+        ('{"text": "hi\\ud800"}', "contains a lone surrogate (\\ud800), which is not text"),
     ],
 )
 def test_a_bad_line_is_named(line: str, reason: str) -> None:
@@ -45,6 +67,17 @@ def test_a_bad_line_is_named(line: str, reason: str) -> None:
         read_turns(["Hello", line], name="turns.txt")
     assert info.value.status is Status.INVALID_ARGUMENT
     assert info.value.message.startswith(f"turns.txt, line 2: {reason}"), info.value.message
+
+
+def test_a_turn_id_is_given_once_in_a_file() -> None:
+    """Two lines with one turn_id would run once (the second is taken for the first
+    sent again): refused, naming both lines."""
+    lines = ['{"text": "a", "turn_id": "t-1"}', "b", '{"text": "c", "turn_id": "t-1"}']
+    with pytest.raises(StatusError) as info:
+        read_turns(lines, name="turns.txt")
+    assert info.value.message == (
+        'turns.txt, line 3: turn_id "t-1" is line 1\'s too: each turn has its own'
+    )
 
 
 def test_a_file_over_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,6 +103,23 @@ def test_a_file_without_text_is_refused() -> None:
         (["--text", " "], 2, "Error: Invalid value for --text: the message is empty"),
         (["--file", "-", "--session", "s"], 2, "Error: --session goes with --text"),
         (["--file", "-"], 1, "error: INVALID_ARGUMENT: no turns in <stdin>: it has no text line"),
+        (
+            ["--text", "Hello\x00"],
+            1,
+            "error: INVALID_ARGUMENT: --text contains a NUL character (\\u0000): a worker "
+            "would refuse the turn",
+        ),
+        (
+            ["--text", "caf\udce9"],
+            1,
+            "error: INVALID_ARGUMENT: --text contains a lone surrogate (\\udce9), which is not "
+            "text: a worker would refuse the turn",
+        ),
+        (
+            ["--text", "hi", "--session", "s\udcff"],
+            1,
+            "error: INVALID_ARGUMENT: --session contains a lone surrogate (\\udcff)",
+        ),
         (
             ["--text", "hi", "--store", "notaurl"],
             1,
@@ -99,6 +149,31 @@ def test_submit_refuses_before_it_connects(args: list[str], code: int, message: 
     )
     assert result.exit_code == code, result.output
     assert message in result.output
+
+
+def test_a_line_a_worker_would_refuse_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    """A NUL, raw or escaped in a JSON line, used to be sent, and failed later as
+    `turn.failed` INVALID_ARGUMENT; now the file check names its line (the broker given
+    is never reached)."""
+    path = tmp_path / "turns.txt"
+    path.write_text('Hello\n{"text": "Transfer $5\\u0000 to savings"}\n', encoding="utf-8")
+    result = CliRunner().invoke(
+        main,
+        [
+            "submit",
+            "--broker",
+            "redis://127.0.0.1:1/0",
+            "--agent",
+            "bankingAgent",
+            "--file",
+            f"{path}",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert result.output == (
+        f"error: INVALID_ARGUMENT: {path}, line 2: contains a NUL character (\\u0000): a "
+        "worker would refuse the turn\n"
+    )
 
 
 def test_a_file_that_is_not_utf8_is_refused(tmp_path: Path) -> None:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -27,6 +30,9 @@ EXIT_INTERRUPTED = 130
 """The exit code of a command stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
 EXIT_BROKEN_PIPE = 141
 """The exit code of a command whose output was closed by its reader (128 + SIGPIPE)."""
+EXIT_TERMINATED = 143
+"""The exit code of a command that SIGTERM stopped (128 + SIGTERM), where it ends with
+`terminated` (`terminable`)."""
 PROGRESS_EVERY = 100
 """A batch (`submit --file`) reports its progress on stderr every this many turns."""
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,7 +51,8 @@ def fail(message: str, code: int = 1) -> None:
 def clear_errors(fn: F) -> F:
     """Turn Interlock errors into a one-line message and exit code 1. A reader that
     closed our output (`| head`) ends the command quietly (exit 141, as SIGPIPE would);
-    Ctrl-C ends it with "interrupted" (exit 130)."""
+    Ctrl-C ends it with "interrupted" (exit 130), and SIGTERM, where the command is
+    `terminable`, with "terminated" (exit 143)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -58,17 +65,56 @@ def clear_errors(fn: F) -> F:
         except (KeyboardInterrupt, click.exceptions.Abort):  # Abort: Ctrl-C at a prompt
             click.echo("\ninterrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
-        except InterlockError as exc:
-            fail(f"{status_of(exc).value}: {getattr(exc, 'message', str(exc))}")
-        except OSError as exc:
-            fail(f"UNAVAILABLE: {exc}")
+        except Terminated:
+            click.echo("terminated", err=True)
+            sys.exit(EXIT_TERMINATED)
         except Exception as exc:
-            reason = unreachable(exc)
-            if reason is None:
+            said = error_line(exc)
+            if said is None:
                 raise
-            fail(f"UNAVAILABLE: {reason}")
+            fail(f"{said[0].value}: {said[1]}")
 
     return wrapper  # type: ignore[return-value]
+
+
+def error_line(exc: Exception) -> tuple[Status, str] | None:
+    """The status and one-line message that say `exc`, an Interlock error or one of a
+    service that cannot be reached or used; None for any other (a bug: its traceback
+    is shown)."""
+    if isinstance(exc, InterlockError):
+        return status_of(exc), getattr(exc, "message", str(exc))
+    if isinstance(exc, OSError):
+        return Status.UNAVAILABLE, str(exc)
+    reason = unreachable(exc)
+    return None if reason is None else (Status.UNAVAILABLE, reason)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where a `terminable` command stands, as Ctrl-C raises
+    KeyboardInterrupt: what the command holds is let go on the way out (a queue of its
+    own deleted). No `Exception`, so no handler of errors takes it for one."""
+
+
+def terminable(fn: F) -> F:
+    """While `fn` runs, SIGTERM raises `Terminated` (which `clear_errors` ends with exit
+    143) instead of ending the process on the spot, skipping its `finally` blocks. In
+    the main thread only (signals go there); elsewhere `fn` runs as it is."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        try:
+            return fn(*args, **kwargs)
+        finally:  # None: a handler not set from Python (the default, as a rule)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
 
 
 def unreachable(exc: Exception) -> str | None:

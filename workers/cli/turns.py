@@ -16,6 +16,7 @@ from .base import (
     broker_option,
     clear_errors,
     emit,
+    error_line,
     main,
     missing_sqlite_file,
     no_tables,
@@ -24,6 +25,7 @@ from .base import (
     shared_broker,
     store_option,
     store_tables,
+    terminable,
     timeout_option,
     wait_option,
 )
@@ -31,6 +33,8 @@ from .waiter import Waiter
 
 if TYPE_CHECKING:
     from celery import Celery
+
+    from interlock import Snapshot
 
     from ..turn_file import FileTurn
 
@@ -59,15 +63,18 @@ def login_name() -> str | None:
 @click.option(
     "--file",
     "turn_file",
-    type=click.File("r", encoding="utf-8"),
-    help="Submit one turn per line of this file ('-': standard input): the line is the "
-    'message, or a JSON object {"text": ..., "session_id": ...}. Every line is checked '
+    type=click.File("r", encoding="utf-8-sig"),
+    help="Submit one turn per line of this file ('-': standard input; UTF-8, a byte order "
+    'mark allowed): the line is the message, or a JSON object {"text": ..., "session_id": '
+    '..., "turn_id": ...} (session_id, turn_id optional; a turn sent again with the same '
+    "turn_id runs once, so a file cut short can be sent again). Every line is checked "
     "before any turn is sent.",
 )
 @click.option("--session", "session_id", help="Continue this session (default: a new one).")
 @wait_option
 @timeout_option
 @clear_errors
+@terminable
 def submit(
     app: str | None,
     broker: str | None,
@@ -85,7 +92,9 @@ def submit(
     resume_token that `interlock decide` needs), turn.completed, or turn.failed (exit 1).
 
     With --file, one turn per line, each printed with its "line" number once sent; with
-    --wait, then the event that ends each one, as they come (exit 1 if any failed)."""
+    --wait, then the event that ends each one, as they come (exit 1 if any failed). A
+    batch that stops part-way says how many turns were sent and from which line on the
+    rest were not."""
     from ..app import create_app, runtime_of
     from ..turn_file import FileTurn, read_turns
 
@@ -100,9 +109,11 @@ def submit(
             '--session goes with --text; in --file, give a line {"text", "session_id"}'
         )
     if turn_file is not None:
-        turns = read_turns(turn_file, name=turn_file.name)
+        # Standard input read as utf-8-sig is a stream of click's, which may have no name.
+        turns = read_turns(turn_file, name=getattr(turn_file, "name", "<stdin>"))
     else:
         assert text is not None
+        _check_sendable(text, session_id)
         turns = [FileTurn(0, text, session_id)]
     settings = shared_broker(settings_of(app, broker, store))
     celery_app = create_app(settings)
@@ -119,29 +130,84 @@ def submit(
             waiter.close()
 
 
+def _check_sendable(text: str, session_id: str | None) -> None:
+    """Refuse, before anything is sent, what a worker would refuse before the turn runs
+    ("run_turn request contains ..."): a NUL character or a lone surrogate (which is
+    how bytes that are no UTF-8 in an argument reach Python)."""
+    from ..decisions import unstorable
+
+    for flag, value in (("--text", text), ("--session", session_id)):
+        bad = unstorable(value)
+        if bad is not None:
+            raise StatusError(
+                Status.INVALID_ARGUMENT, f"{flag} contains {bad}: a worker would refuse the turn"
+            )
+
+
 def _send_turns(
     celery_app: Celery, agent_name: str, turns: list[FileTurn], *, batch: bool
 ) -> list[str]:
     """Enqueue each turn, printing it once sent (with its line in a batch); the turn ids.
-    A batch reports its progress on stderr."""
+    A batch reports its progress on stderr, and, when it stops part-way, how far it
+    got (`_cut_short`)."""
+    sent: list[str] = []
+    try:
+        for turn in turns:
+            turn_id, session_id = _send_turn(celery_app, agent_name, turn)
+            sent.append(turn_id)
+            line = {"line": turn.line} if batch else {}
+            emit({"turn_id": turn_id, "session_id": session_id, **line})
+            if batch and (len(sent) % PROGRESS_EVERY == 0 or len(sent) == len(turns)):
+                _progress(len(sent), len(turns))
+    except BaseException as exc:
+        if batch and len(sent) < len(turns):
+            _cut_short(exc, turns, len(sent))
+        raise
+    return sent
+
+
+def _send_turn(celery_app: Celery, agent_name: str, turn: FileTurn) -> tuple[str, str]:
+    """Enqueue `turn`; its turn id and session id."""
     from ..app import send_turn
+    from ..turn_file import session_for
     from ..turns import new_turn_request
 
-    sent: list[str] = []
-    for turn in turns:
-        session_id = turn.session_id or str(uuid.uuid4())
-        request = new_turn_request(
-            agent_name,
-            AgentInput(message=Message(role="user", content=[Part(text=turn.text)])),
-            session_id=session_id,
+    session_id = session_for(turn)
+    request = new_turn_request(
+        agent_name,
+        AgentInput(message=Message(role="user", content=[Part(text=turn.text)])),
+        session_id=session_id,
+        turn_id=turn.turn_id,
+    )
+    send_turn(celery_app, request)
+    return request.turn_id, session_id
+
+
+def _progress(sent: int, total: int) -> None:
+    click.echo(f"submitted {sent} of {total} turns", err=True)
+
+
+def _cut_short(exc: BaseException, turns: list[FileTurn], sent: int) -> None:
+    """A batch stopped by `exc` after `sent` turns: the progress line says how many
+    went out, and so does the error (raised in its place, with the same status), or a
+    line before it for Ctrl-C, SIGTERM, a closed output or an error that is no
+    service's."""
+    if sent % PROGRESS_EVERY:  # else the last progress line says it already
+        _progress(sent, len(turns))
+    if sent == 0:
+        how_far = f"none of the {len(turns)} turns was sent"
+    else:
+        how_far = (
+            f"{sent} of {len(turns)} turns sent, through line {turns[sent - 1].line}; "
+            f"the rest, from line {turns[sent].line}, were not sent"
         )
-        send_turn(celery_app, request)
-        sent.append(request.turn_id)
-        line = {"line": turn.line} if batch else {}
-        emit({"turn_id": request.turn_id, "session_id": session_id, **line})
-        if batch and (len(sent) % PROGRESS_EVERY == 0 or len(sent) == len(turns)):
-            click.echo(f"submitted {len(sent)} of {len(turns)} turns", err=True)
-    return sent
+    said = None
+    if isinstance(exc, Exception) and not isinstance(exc, BrokenPipeError):
+        said = error_line(exc)
+    if said is None:
+        click.echo(how_far, err=True)
+        return
+    raise StatusError(said[0], f"{said[1]} ({how_far})") from exc
 
 
 @main.command(short_help="List the open interrupts.")
@@ -152,7 +218,8 @@ def _send_turns(
 )
 @clear_errors
 def pending(store: str | None, session_id: str | None, limit: int) -> None:
-    """List the open interrupts, one JSON line each (newest first)."""
+    """List the open interrupts, one JSON line each (newest first). When there are more
+    than --limit, says so on stderr."""
     from interlock import FinishReason, SnapshotStatus, SqlSessionStore
 
     url = settings_of(store=store).store_url
@@ -171,33 +238,41 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
             status=SnapshotStatus.COMPLETED,
             finish_reason=FinishReason.INTERRUPTED,
             claimed=False,
-            limit=limit,
+            limit=limit + 1,  # one more: whether the limit cut the list
         )
-        for snap in snaps:
-            message = snap.last_model_message
-            emit(
-                {
-                    "snapshot_id": snap.snapshot_id,
-                    "session_id": snap.session_id,
-                    "agent": snap.agent,
-                    "created_at": snap.created_at.isoformat(),
-                    "expires_at": snap.expires_at.isoformat() if snap.expires_at else None,
-                    "interrupts": [
-                        {
-                            "name": p.tool_request.name,
-                            "ref": p.tool_request.ref,
-                            "input": p.tool_request.input,
-                            "payload": p.meta("interrupt"),
-                        }
-                        for p in (message.interrupts if message else [])
-                        if p.tool_request
-                    ],
-                }
-            )
+        for snap in snaps[:limit]:
+            emit(_pending_row(snap))
         if not snaps:
             click.echo("no open interrupts", err=True)
+        elif len(snaps) > limit:
+            click.echo(
+                f"showing the newest {limit}; more are pending: pass a larger --limit to see them",
+                err=True,
+            )
     finally:
         sql.dispose()
+
+
+def _pending_row(snap: Snapshot) -> dict[str, Any]:
+    """One open interrupt as `pending` prints it (no resume token: the store has none)."""
+    message = snap.last_model_message
+    return {
+        "snapshot_id": snap.snapshot_id,
+        "session_id": snap.session_id,
+        "agent": snap.agent,
+        "created_at": snap.created_at.isoformat(),
+        "expires_at": snap.expires_at.isoformat() if snap.expires_at else None,
+        "interrupts": [
+            {
+                "name": p.tool_request.name,
+                "ref": p.tool_request.ref,
+                "input": p.tool_request.input,
+                "payload": p.meta("interrupt"),
+            }
+            for p in (message.interrupts if message else [])
+            if p.tool_request
+        ],
+    }
 
 
 @main.command(short_help="Answer a paused turn: approve, deny or respond.")
@@ -248,6 +323,7 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
 @wait_option
 @timeout_option
 @clear_errors
+@terminable
 def decide(
     snapshot_id: str,
     broker: str | None,

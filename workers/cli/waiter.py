@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -12,26 +13,36 @@ import click
 from interlock import Status, StatusError
 
 from ..settings import NO_ANSWER_HINT, Settings
-from .base import PROGRESS_EVERY, emit
+from .base import PROGRESS_EVERY, Terminated, emit, error_line
 
 __all__ = ["Waiter"]
 
 
 class Waiter:
     """A queue of this command's own, bound to every event before anything is sent (so
-    nothing it waits for can pass unseen), deleted at the end."""
+    nothing it waits for can pass unseen), deleted at the end (`close`) with its
+    binding: on Redis a binding left behind would route every event to the queue's key
+    for good. Ctrl-C or SIGTERM (`terminable`) while it is being bound deletes it too."""
 
     def __init__(
         self, settings: Settings, timeout: float, keep: Callable[[Any], bool] = lambda e: False
     ) -> None:
         from events.stream import EventStream
+        from events.topology import event_queue
 
         self.timeout = timeout
         self.keep = keep
         self._kept: list[Any] = []
         self.connection = settings.connection()
-        name = f"interlock.cli.{uuid.uuid4().hex[:12]}"
-        self.events = EventStream.bind(self.connection, name, "#", temporary=True)
+        self.name = f"interlock.cli.{uuid.uuid4().hex[:12]}"
+        queue = event_queue(self.name, "#", durable=False, auto_delete=True)
+        try:
+            self.events = EventStream(self.connection, queue)
+        except (KeyboardInterrupt, Terminated):  # it may be bound already
+            with contextlib.suppress(Exception), self.connection.channel() as channel:
+                queue.bind(channel).delete()
+            self.connection.release()
+            raise
 
     def next(self, what: str, match: Callable[[Any], bool], *, quiet: bool = False) -> Any:
         """The next event that matches; printed. Events this command waits for later
@@ -110,7 +121,25 @@ class Waiter:
         return found
 
     def close(self) -> None:
+        """Delete the queue and its binding, and let go of the connection. A broker that
+        cannot be reached keeps them: that is said on stderr, not raised, so the
+        command's own outcome (or the error it is failing with) stands."""
         try:
             self.events.close(delete=True)
+        except Exception as exc:
+            said = error_line(exc)
+            if said is None:
+                raise
+            self._left_behind(said[1])
         finally:
-            self.connection.release()
+            with contextlib.suppress(Exception):
+                self.connection.release()
+
+    def _left_behind(self, reason: str) -> None:
+        if self.connection.transport.driver_type != "redis":
+            return  # RabbitMQ deletes it with the connection (auto-delete)
+        click.echo(
+            f"the queue {self.name} was not deleted ({reason}): it collects every event "
+            "until it and its binding are removed (docs/operations.md, The command line)",
+            err=True,
+        )
