@@ -171,16 +171,24 @@ _SNAPSHOT_EXISTS = select(_SNAP.c.seq).where(_SNAP.c.snapshot_id == bindparam("p
 _PARENT_LEN = select(_SNAP.c.message_count).where(_SNAP.c.snapshot_id == bindparam("p_parent"))
 _DELETE_MESSAGES = delete(_MSG).where(_MSG.c.snapshot_id == bindparam("p_sid"))
 _INSERT_MESSAGES = insert(_MSG)
+_OPEN_PAUSE = (  # the snapshot `p_sid`, interrupted and not past its deadline at `p_now`
+    _SNAP.c.snapshot_id == bindparam("p_sid"),
+    _SNAP.c.status == SnapshotStatus.COMPLETED.value,
+    _SNAP.c.finish_reason == FinishReason.INTERRUPTED.value,
+    or_(_SNAP.c.expires_at.is_(None), _SNAP.c.expires_at > bindparam("p_now")),
+)
 _CLAIM = (
     update(_SNAP)
     .where(
-        _SNAP.c.snapshot_id == bindparam("p_sid"),
-        _SNAP.c.status == SnapshotStatus.COMPLETED.value,
-        _SNAP.c.finish_reason == FinishReason.INTERRUPTED.value,
+        *_OPEN_PAUSE,
         or_(_SNAP.c.resumed_by.is_(None), _SNAP.c.resumed_by == bindparam("p_by")),
-        or_(_SNAP.c.expires_at.is_(None), _SNAP.c.expires_at > bindparam("p_now")),
     )
     .values(resumed_by=bindparam("p_by"), updated_at=bindparam("p_now"))
+)
+_NEW_TOKEN = (
+    update(_SNAP)
+    .where(*_OPEN_PAUSE, _SNAP.c.resumed_by.is_(None))
+    .values(resume_token_hash=bindparam("p_hash"), updated_at=bindparam("p_now"))
 )
 _RELEASE = (
     update(_SNAP)
@@ -451,6 +459,13 @@ class SqlSessionStore:
         the claim commits or rolls back with whatever else the caller writes there."""
         params = {"p_sid": snapshot_id, "p_by": by, "p_now": _to_db(utcnow())}
         return _F_CLAIM.execute(conn, params).rowcount == 1
+
+    def replace_token_hash_in(self, conn: Connection, snapshot_id: str, token_hash: str) -> bool:
+        """Give an open pause (interrupted, unclaimed, not past its deadline) the resume
+        token hash `token_hash`, inside the caller's write transaction: the token it had
+        no longer matches. False when the snapshot is no such pause (any more)."""
+        params = {"p_sid": snapshot_id, "p_hash": token_hash, "p_now": _to_db(utcnow())}
+        return conn.execute(_NEW_TOKEN, params).rowcount == 1
 
     def release(self, snapshot_id: str, by: str) -> None:
         params = {"p_sid": snapshot_id, "p_by": by, "p_now": _to_db(utcnow())}

@@ -1,0 +1,67 @@
+"""`interlock resend`: announce an open interrupt again, with a new resume token."""
+
+from __future__ import annotations
+
+import click
+
+from interlock import Status, StatusError
+
+from .base import (
+    broker_option,
+    clear_errors,
+    emit,
+    main,
+    no_tables,
+    read_store,
+    settings_of,
+    shared_broker,
+    store_option,
+    store_tables,
+)
+
+
+@main.command(short_help="Announce an open interrupt again, with a new token.")
+@click.argument("snapshot_id")
+@broker_option
+@store_option
+@clear_errors
+def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
+    """Publish a new turn.interrupted for the open interrupt SNAPSHOT_ID, with a new
+    resume_token, for when its event was lost (a reader took it off its queue and
+    died). The store keeps only a hash of each token, so the old one cannot be shown
+    again: it stops working, and only the new event's token answers the pause. The
+    deadline, if any, stays what it was. Prints the new event's ids."""
+    from events.outbox import Outbox, OutboxRelay
+    from events.publisher import Publisher
+    from events.snapshot_events import event_for_snapshot
+    from interlock.resume import check_resumable
+
+    settings = shared_broker(settings_of(broker=broker, store=store))
+    sql = read_store(settings.store_url)
+    try:
+        empty = no_tables(store_tables(sql), settings.store_url)
+        found = sql.get_snapshot(snapshot_id) if empty is None else None
+        if found is None:
+            where = f": {empty}" if empty is not None else ""
+            raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found{where}")
+        check_resumable(found)  # an open pause: interrupted, unclaimed, not expired
+        event = event_for_snapshot(found)  # a new token; its hash set on `found`
+        assert event is not None and found.resume_token_hash is not None
+        outbox = Outbox(sql)
+        relay = OutboxRelay(outbox, Publisher(settings.connection()))
+        try:
+            with sql.writer().begin() as conn:
+                if not sql.replace_token_hash_in(conn, snapshot_id, found.resume_token_hash):
+                    raise StatusError(
+                        Status.FAILED_PRECONDITION,
+                        f"snapshot {snapshot_id} was resumed or expired meanwhile",
+                    )
+                outbox.add(conn, event)
+            relay.flush()
+        finally:
+            relay.publisher.close()
+            relay.publisher.connection.release()
+            outbox.close()
+    finally:
+        sql.dispose()
+    emit({"resent": event.type, "snapshot_id": snapshot_id, "event_id": event.event_id})
