@@ -3,13 +3,14 @@ the one-line errors."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -97,23 +98,61 @@ class Terminated(BaseException):
 
 def terminable(fn: F) -> F:
     """While `fn` runs, SIGTERM raises `Terminated` (which `clear_errors` ends with exit
-    143) instead of ending the process on the spot, skipping its `finally` blocks. In
-    the main thread only (signals go there); elsewhere `fn` runs as it is."""
+    143) instead of ending the process on the spot, skipping its `finally` blocks; it and
+    Ctrl-C wait for the end of a `signals_deferred` block. In the main thread only
+    (signals go there); elsewhere `fn` runs as it is."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
             return fn(*args, **kwargs)
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        previous = {
+            signal.SIGTERM: signal.signal(signal.SIGTERM, _on_signal),
+            signal.SIGINT: signal.signal(signal.SIGINT, _on_signal),
+        }
         try:
             return fn(*args, **kwargs)
         finally:  # None: a handler not set from Python (the default, as a rule)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
     return wrapper  # type: ignore[return-value]
 
 
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+class _Deferral:
+    on = False
+    pending: int | None = None  # the signal that came meanwhile
+
+
+_DEFERRAL = _Deferral()
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Within, SIGTERM and Ctrl-C (in a `terminable` command) take effect when the block
+    ends: raised inside code that makes its own error of any exception (pydantic's
+    serializers), they would come out as another error, with a traceback. For short
+    steps only: sending one turn."""
+    _DEFERRAL.on = True
+    try:
+        yield
+    finally:
+        _DEFERRAL.on = False
+        signum, _DEFERRAL.pending = _DEFERRAL.pending, None
+        if signum is not None:
+            _raise_for(signum)
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if _DEFERRAL.on:
+        _DEFERRAL.pending = _DEFERRAL.pending or signum
+        return
+    _raise_for(signum)
+
+
+def _raise_for(signum: int) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Terminated
 
 

@@ -23,6 +23,7 @@ from .base import (
     read_store,
     settings_of,
     shared_broker,
+    signals_deferred,
     store_option,
     store_tables,
     terminable,
@@ -153,7 +154,8 @@ def _send_turns(
     sent: list[str] = []
     try:
         for turn in turns:
-            turn_id, session_id = _send_turn(celery_app, agent_name, turn)
+            with signals_deferred():  # a stop between two turns, never inside one
+                turn_id, session_id = _send_turn(celery_app, agent_name, turn)
             sent.append(turn_id)
             line = {"line": turn.line} if batch else {}
             emit({"turn_id": turn_id, "session_id": session_id, **line})
