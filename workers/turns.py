@@ -96,23 +96,23 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     if bad is not None:  # no text column can keep it (PostgreSQL): retrying cannot help
         return _unreadable(rt, payload, f"run_turn request contains {bad}")
     owner = f"{rt.worker_id}:{uuid.uuid4().hex[:8]}"
-    start = rt.journal.begin(request.turn_id, owner, rt.settings.turn_lease)
+    session = _one_at_a_time(request)
+    start = rt.journal.begin(request.turn_id, owner, rt.settings.turn_lease, session=session)
     if start.kind is TurnStartKind.ENDED:
         log.info("turn %s already ended (%s); not running it again", request.turn_id, start.status)
         if start.status in _UNANSWERED:  # and a crash may have kept the claim: give it back
             _give_back(rt, request.snapshot_id, request.claimed_by, request.turn_id)
         _flush(rt)
         return {"turn_id": request.turn_id, "snapshot_id": start.snapshot_id, "duplicate": True}
+    if start.kind is TurnStartKind.SESSION_BUSY:
+        assert session is not None
+        _expire_if_dead(rt, session_lease(session))
+        raise SessionBusy(f"session {session} is running another turn")
     taken_over = start.kind is TurnStartKind.TAKEN_OVER
     if start.kind is TurnStartKind.BUSY:
-        if not _take_from_the_dead(rt, request.turn_id, owner):
+        if not _take_from_the_dead(rt, request.turn_id, owner, session):
             raise TurnBusy(f"turn {request.turn_id} is running elsewhere")
         taken_over = True
-    try:
-        session = _hold_session(rt, request, owner)
-    except BaseException:  # busy, or the store failed: the turn's lease is given up too
-        rt.journal.end(request.turn_id, owner, snapshot_saved=False)
-        raise
     _renewals(rt)
     # A first run has nothing to replay: skip reading the journal.
     journal = rt.journal if taken_over else _FirstRun(rt.journal)
@@ -122,43 +122,39 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
         saved = "snapshot_id" in result
     finally:
         rt.journal.end(request.turn_id, owner, snapshot_saved=saved)
-        if session is not None:
-            rt.journal.let_go_session(session, owner)
     _flush(rt)
     return result
 
 
-def _hold_session(rt: Runtime, request: TurnRequest, owner: str) -> str | None:
-    """A new message to a named session runs only while no other turn of that session
-    does: both would go on from the same latest snapshot, and the session would fork
-    (one turn's messages missing from the other's history, two pauses open at once).
-    Returns the session whose lease was taken; raises `SessionBusy` while another
-    holds it. A resume needs none: its claim on the pause
-    already makes it the only turn that goes on from there."""
-    session = request.session_id
-    if session is None or request.snapshot_id is not None:
+def _one_at_a_time(request: TurnRequest) -> str | None:
+    """The session whose lease a turn takes with its own: a new message to a named
+    session runs only while no other turn of that session does. Both would go on from
+    the same latest snapshot, and the session would fork (one turn's messages missing
+    from the other's history, two pauses open at once). A resume needs none: its claim
+    on the pause already makes it the only turn that goes on from there."""
+    if request.session_id is None or request.snapshot_id is not None:
         return None
-    if rt.journal.hold_session(session, owner, rt.settings.turn_lease):
-        return session
-    key = session_lease(session)
+    return request.session_id
+
+
+def _expire_if_dead(rt: Runtime, key: str) -> None:
+    """A lease whose holder was a process of this machine that has died (a pool process
+    killed mid-turn) runs out now, for the next delivery to take, not once its time is up."""
     held = rt.journal.holder(key)
-    if (
-        held is not None
-        and died_here(held[0])
-        and rt.journal.take_from(key, held[0], owner, rt.settings.turn_lease)
-    ):
-        log.warning("session %s: its holder %s has died here; taking it over", session, held[0])
-        return session
-    raise SessionBusy(f"session {session} is running another turn")
+    if held is not None and died_here(held[0]):
+        rt.journal.expire_dead(key, held[0])
+        log.warning("%s: its holder %s has died here; letting it go", key, held[0])
 
 
-def _take_from_the_dead(rt: Runtime, turn_id: str, owner: str) -> bool:
+def _take_from_the_dead(rt: Runtime, turn_id: str, owner: str, session: str | None) -> bool:
     """The lease of a busy turn whose holder was a process of this machine that has
-    died (a pool process killed mid-turn): taken over now, not once it runs out."""
+    died (a pool process killed mid-turn): taken over now, not once it runs out (with
+    the session's lease, which that holder had taken with it)."""
     held = rt.journal.holder(turn_id)
     if held is None or not died_here(held[0]):
         return False
-    if not rt.journal.take_from(turn_id, held[0], owner, rt.settings.turn_lease):
+    ttl = rt.settings.turn_lease
+    if not rt.journal.take_from(turn_id, held[0], owner, ttl, session=session):
         return False
     log.warning("turn %s: its holder %s has died here; taking it over", turn_id, held[0])
     return True

@@ -167,6 +167,16 @@ _F_TAKE, _F_RENEW, _F_DROP_LEASE, _F_DROP_ENTRIES, _F_LOAD, _F_RECORD, _F_ENDED 
 )
 
 
+def _lease_upsert(dialect: str) -> postgresql.Insert | sqlite.Insert | None:
+    """An INSERT into the leases that can take `ON CONFLICT`, in `dialect`; None in a
+    dialect without it."""
+    if dialect == "postgresql":
+        return postgresql.insert(_LEASE)
+    if dialect == "sqlite":
+        return sqlite.insert(_LEASE)
+    return None
+
+
 @cache
 def _insert_lease_if_new(dialect: str) -> Insert | None:
     """The lease of a turn that no snapshot carries yet, no refusal ended and no run has
@@ -175,12 +185,8 @@ def _insert_lease_if_new(dialect: str) -> Insert | None:
     ON CONFLICT (turn_id) DO NOTHING RETURNING turn_id.
     A row comes back when it took the lease (psycopg reports no rowcount for an insert
     without RETURNING); none when the turn ended or a lease row exists."""
-    stmt: Insert
-    if dialect == "postgresql":
-        stmt = postgresql.insert(_LEASE)
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(_LEASE)
-    else:
+    stmt = _lease_upsert(dialect)
+    if stmt is None:
         return None
     new = select(
         bindparam("p_turn", type_=_LEASE.c.turn_id.type),
@@ -196,6 +202,31 @@ def _insert_lease_if_new(dialect: str) -> Insert | None:
     )
 
 
+@cache
+def _take_session_lease(dialect: str) -> Insert | None:
+    """A session's lease (`session_lease`), taken when no one holds it, its holder's
+    has run out, or its holder is `p_holder` (one known to have died): INSERT .. ON
+    CONFLICT (turn_id) DO UPDATE .. WHERE .. RETURNING turn_id. A row comes back when it
+    was taken."""
+    stmt = _lease_upsert(dialect)
+    if stmt is None:
+        return None
+    stmt = stmt.values(
+        turn_id=bindparam("p_key", type_=_LEASE.c.turn_id.type),
+        owner=bindparam("p_owner", type_=_LEASE.c.owner.type),
+        expires_at=bindparam("p_until", type_=_LEASE.c.expires_at.type),
+    )
+    taken = stmt.on_conflict_do_update(
+        index_elements=[_LEASE.c.turn_id],
+        set_={"owner": stmt.excluded.owner, "expires_at": stmt.excluded.expires_at},
+        where=or_(
+            _LEASE.c.expires_at <= bindparam("p_now"),
+            _LEASE.c.owner == bindparam("p_holder", type_=_LEASE.c.owner.type),
+        ),
+    )
+    return taken.returning(_LEASE.c.turn_id)
+
+
 class TurnStartKind(enum.Enum):
     NEW = "new"
     """No run of this turn ever held its lease: there is no journal to replay."""
@@ -205,6 +236,9 @@ class TurnStartKind(enum.Enum):
     """Another run holds a live lease."""
     ENDED = "ended"
     """A snapshot already carries this turn id, or the turn was refused: it is over."""
+    SESSION_BUSY = "session_busy"
+    """Another turn of the same session holds the session's lease (this turn's own was
+    given back)."""
 
 
 @dataclass(frozen=True)
@@ -244,7 +278,10 @@ class SqlTurnJournal:
         # when the statement began. If it then waited on the lease row of a run whose
         # ending snapshot was committing, that snapshot is visible only to a new statement.
         self._recheck_ended = store.engine.dialect.name == "postgresql"
+        take_session = _take_session_lease(store.engine.dialect.name)
+        self._take_session = None if take_session is None else FastStatement.of(take_session)
         self._held: dict[str, str] = {}  # turn id -> owner, leases `begin` took here
+        self._sessions: dict[str, str] = {}  # turn id -> the session whose lease it holds
         self._held_lock = threading.Lock()
         store.add_save_hook(self._on_save)
 
@@ -308,13 +345,17 @@ class SqlTurnJournal:
 
     # -- a worker's turn ----------------------------------------------------------------
 
-    def begin(self, turn_id: str, owner: str, ttl: float) -> TurnStart:
+    def begin(
+        self, turn_id: str, owner: str, ttl: float, *, session: str | None = None
+    ) -> TurnStart:
         """Start a run of `turn_id`, in one write transaction: ENDED when a snapshot
         already carries the turn id, else take its lease for `ttl` seconds (NEW or
-        TAKEN_OVER), else BUSY. A lease taken here is renewed by `renew_held` and given
-        up by the snapshot that ends the turn, or by `end`."""
-        if self._insert_if_new is None:
-            return self._begin_portable(turn_id, owner, ttl)
+        TAKEN_OVER), else BUSY. With `session`, the session's lease is taken too, in
+        the same transaction, or else the turn's is given back: SESSION_BUSY. Leases
+        taken here are renewed by `renew_held` and given up by the snapshot that ends
+        the turn, or by `end`."""
+        if self._insert_if_new is None or self._take_session is None:
+            return self._begin_portable(turn_id, owner, ttl, session)
         now = utcnow()
         params = {"p_turn": turn_id, "p_owner": owner, "p_now": now}
         params["p_until"] = now + timedelta(seconds=ttl)
@@ -329,11 +370,27 @@ class SqlTurnJournal:
             elif _F_TAKE.execute(conn, params).rowcount == 1:
                 kind = TurnStartKind.TAKEN_OVER
             else:
-                kind = TurnStartKind.BUSY
-        if kind != TurnStartKind.BUSY:
-            with self._held_lock:
-                self._held[turn_id] = owner
+                return TurnStart(TurnStartKind.BUSY)
+            if session is not None:
+                key = session_lease(session)
+                taken = self._take_session.execute(
+                    conn, {**params, "p_key": key, "p_holder": None}
+                ).first()
+                if taken is None:  # give the turn's lease back as it was found
+                    if kind is TurnStartKind.NEW:
+                        _F_DROP_LEASE.execute(conn, params)
+                    else:
+                        _F_RENEW.execute(conn, {**params, "p_until": now})
+                    return TurnStart(TurnStartKind.SESSION_BUSY)
+        self._hold(turn_id, owner, session)
         return TurnStart(kind)
+
+    def _hold(self, turn_id: str, owner: str, session: str | None) -> None:
+        with self._held_lock:
+            self._held[turn_id] = owner
+            if session is not None:
+                self._held[session_lease(session)] = owner
+                self._sessions[turn_id] = session
 
     @staticmethod
     def _ended(conn: Connection, params: dict[str, Any]) -> TurnStart | None:
@@ -344,7 +401,9 @@ class SqlTurnJournal:
         snapshot_id = str(ended[0]) if ended[0] is not None else None
         return TurnStart(TurnStartKind.ENDED, snapshot_id, str(ended[1]))
 
-    def _begin_portable(self, turn_id: str, owner: str, ttl: float) -> TurnStart:
+    def _begin_portable(
+        self, turn_id: str, owner: str, ttl: float, session: str | None
+    ) -> TurnStart:
         """`begin` for a database without `ON CONFLICT`: more transactions, and every
         start counts as a take-over (the journal is always read)."""
         with self.store.engine.begin() as conn:
@@ -353,8 +412,10 @@ class SqlTurnJournal:
             return ended
         if not self.acquire(turn_id, owner, ttl):
             return TurnStart(TurnStartKind.BUSY)
-        with self._held_lock:
-            self._held[turn_id] = owner
+        if session is not None and not self.acquire(session_lease(session), owner, ttl):
+            self._expire(turn_id, owner)
+            return TurnStart(TurnStartKind.SESSION_BUSY)
+        self._hold(turn_id, owner, session)
         return TurnStart(TurnStartKind.TAKEN_OVER)
 
     def _on_save(self, conn: Connection, snapshot: Snapshot, created: bool) -> None:
@@ -365,24 +426,44 @@ class SqlTurnJournal:
             return
         with self._held_lock:
             owner = self._held.get(snapshot.turn_id)
+            session = self._sessions.get(snapshot.turn_id)
         if owner is None:
             return
         params = {"p_turn": snapshot.turn_id, "p_owner": owner}
         _F_DROP_LEASE.execute(conn, params)
         _F_DROP_ENTRIES.execute(conn, params)
+        if session is not None:  # the session goes on from this snapshot: let it
+            _F_DROP_LEASE.execute(conn, {"p_turn": session_lease(session), "p_owner": owner})
 
     def end(self, turn_id: str, owner: str, *, snapshot_saved: bool) -> None:
         """The run of `turn_id` that `begin` started is over. When no snapshot ended the
         turn (it was refused, or the run raised), its lease is expired, not deleted:
-        the next delivery takes it over and replays what this run journaled."""
+        the next delivery takes it over and replays what this run journaled. The
+        session's lease, if it took one, is given up (the snapshot gave it up already)."""
         with self._held_lock:
             if self._held.get(turn_id) == owner:
                 del self._held[turn_id]
+            session = self._sessions.pop(turn_id, None)
+            if session is not None and self._held.get(session_lease(session)) == owner:
+                del self._held[session_lease(session)]
         if snapshot_saved:
             return
         params = {"p_turn": turn_id, "p_owner": owner, "p_until": utcnow()}
         with self.store.writer(relaxed=True).begin() as conn:
             _F_RENEW.execute(conn, params)
+            if session is not None:
+                _F_DROP_LEASE.execute(conn, {**params, "p_turn": session_lease(session)})
+
+    def _expire(self, key: str, owner: str) -> None:
+        """Let `owner`'s lease `key` run out now (kept: the next taker replays)."""
+        params = {"p_turn": key, "p_owner": owner, "p_until": utcnow()}
+        with self.store.writer(relaxed=True).begin() as conn:
+            _F_RENEW.execute(conn, params)
+
+    def expire_dead(self, key: str, holder: str) -> None:
+        """Let the lease `key` of `holder`, a process known to have died, run out now,
+        so that the next `begin` takes it."""
+        self._expire(key, holder)
 
     def renew_held(self, ttl: float) -> int:
         """Extend every lease `begin` took here and not yet given up, in one
@@ -396,25 +477,6 @@ class SqlTurnJournal:
         with self.store.writer(relaxed=True).begin() as conn:
             _F_RENEW.executemany(conn, params)
         return len(held)
-
-    def hold_session(self, session_id: str, owner: str, ttl: float) -> bool:
-        """Take the lease of `session_id` (one turn of a session runs at a time: two
-        turns from the same latest snapshot would fork the session) for `ttl` seconds,
-        renewed with the turn leases held here. False while another owner holds it."""
-        key = session_lease(session_id)
-        if not self.acquire(key, owner, ttl):
-            return False
-        with self._held_lock:
-            self._held[key] = owner
-        return True
-
-    def let_go_session(self, session_id: str, owner: str) -> None:
-        """Give up the session's lease that `hold_session` took."""
-        key = session_lease(session_id)
-        with self._held_lock:
-            if self._held.get(key) == owner:
-                del self._held[key]
-        self.release(key, owner)
 
     def held(self) -> dict[str, str]:
         """The leases `begin` took here and not yet given up: turn id -> owner."""
@@ -452,17 +514,34 @@ class SqlTurnJournal:
                 delete(_LEASE).where(and_(_LEASE.c.turn_id == turn_id, _LEASE.c.owner == owner))
             )
 
-    def take_from(self, turn_id: str, holder: str, owner: str, ttl: float) -> bool:
+    def take_from(
+        self, turn_id: str, holder: str, owner: str, ttl: float, *, session: str | None = None
+    ) -> bool:
         """Take the turn's lease from `holder` (one that is known to have died) for
-        `ttl` seconds, live or not: False when someone else holds it by now. A lease
-        taken here is renewed and given up as one `begin` took."""
-        until = utcnow() + timedelta(seconds=ttl)
-        params = {"p_turn": turn_id, "p_holder": holder, "p_owner": owner, "p_until": until}
+        `ttl` seconds, live or not, and with `session` the session's lease too (from
+        the same holder, or free): False when someone else holds either by now. Leases
+        taken here are renewed and given up as those `begin` took."""
+        now = utcnow()
+        params = {
+            "p_turn": turn_id,
+            "p_holder": holder,
+            "p_owner": owner,
+            "p_until": now + timedelta(seconds=ttl),
+            "p_now": now,
+        }
+        portable = session is not None and self._take_session is None
+        if portable and not self.acquire(session_lease(str(session)), owner, ttl):
+            return False  # (a database without ON CONFLICT: a transaction of its own)
         with self.store.writer(relaxed=True).begin() as conn:
+            if session is not None and self._take_session is not None:
+                key = {**params, "p_key": session_lease(session)}
+                if self._take_session.execute(conn, key).first() is None:
+                    return False
             taken = _F_TAKE_FROM.execute(conn, params).rowcount == 1
+            if not taken and session is not None:  # give the session's back
+                _F_DROP_LEASE.execute(conn, {**params, "p_turn": session_lease(session)})
         if taken:
-            with self._held_lock:
-                self._held[turn_id] = owner
+            self._hold(turn_id, owner, session)
         return taken
 
     def holder(self, turn_id: str) -> tuple[str, datetime] | None:

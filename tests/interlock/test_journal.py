@@ -252,6 +252,35 @@ def test_begin_takes_the_lease_once_per_turn(sql_journal: SqlTurnJournal) -> Non
     assert holder is not None and holder[0] == "w1"
 
 
+def test_a_session_runs_one_turn_at_a_time(sql_journal: SqlTurnJournal) -> None:
+    """`begin(session=...)` takes the session's lease with the turn's, in one
+    transaction. A second turn of the session is SESSION_BUSY and keeps no lease of its
+    own; once the first has ended (with no snapshot here, then by a dead holder's lease
+    taken over), the session is free again."""
+    from interlock.stores.sql_journal import session_lease
+
+    key = session_lease("s1")
+    assert sql_journal.begin("t1", "w1", ttl=30, session="s1").kind is TurnStartKind.NEW
+    assert sql_journal.held() == {"t1": "w1", key: "w1"}
+    busy = sql_journal.begin("t2", "w2", ttl=30, session="s1")
+    assert busy.kind is TurnStartKind.SESSION_BUSY
+    assert sql_journal.holder("t2") is None, "the second turn's lease was given back"
+    assert sql_journal.begin("t3", "w3", ttl=30, session="s2").kind is TurnStartKind.NEW
+    assert sql_journal.begin("t4", "w4", ttl=30).kind is TurnStartKind.NEW, "no session"
+
+    sql_journal.end("t1", "w1", snapshot_saved=False)
+    assert sql_journal.holder(key) is None, "ended: the session's lease is given up"
+    assert "t1" not in sql_journal.held() and key not in sql_journal.held()
+    assert sql_journal.begin("t2", "w2", ttl=30, session="s1").kind is TurnStartKind.NEW
+
+    # w2 dies holding both: a taker from the dead gets both, another one neither
+    assert not sql_journal.take_from("t1", "w2", "w5", 30, session="s1"), "t1 is w1's"
+    assert sql_journal.take_from("t2", "w2", "w5", 30, session="s1")
+    held = sql_journal.holder(key)
+    assert held is not None and held[0] == "w5"
+    assert sql_journal.begin("t6", "w6", ttl=30, session="s1").kind is TurnStartKind.SESSION_BUSY
+
+
 def test_a_first_delivery_costs_one_statement(sql_journal: SqlTurnJournal) -> None:
     """The usual start, a turn never run: "has it ended?" and "take its lease" are one
     INSERT (on PostgreSQL, "ended?" is asked once more after it: see the next test);
