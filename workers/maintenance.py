@@ -7,8 +7,10 @@ import logging
 import threading
 
 from events.expiry import expire_overdue
+from interlock.stores.failures import first_line
 
 from .runtime import Runtime
+from .turns import retried
 
 __all__ = ["Maintenance"]
 
@@ -40,8 +42,14 @@ class Maintenance:
             while True:
                 try:
                     self.run_once()
-                except Exception:
-                    log.exception("maintenance failed; trying again in %.0fs", interval)
+                except Exception as exc:
+                    if not retried(exc):  # a bug: its traceback
+                        log.exception("maintenance failed; trying again in %.0f s", interval)
+                    else:  # the store or broker is away: said in one line, as elsewhere
+                        log.warning(
+                            "maintenance failed (%s: %s); trying again in %.0f s",
+                            type(exc).__name__, first_line(exc), interval,
+                        )  # fmt: skip
                 if self._stop.wait(interval):
                     return
 

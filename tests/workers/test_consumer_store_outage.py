@@ -155,3 +155,37 @@ def test_a_consumer_that_may_give_up_stops_after_failures_in_a_row_keeping_the_d
     again = rig.decisions.get(timeout=REQUEUED_TIMEOUT)
     assert json.loads(again.body) == body
     assert rig.claimed_by(body["snapshot_id"]) is None
+
+
+def test_upkeep_says_a_dropped_store_connection_in_one_line(
+    pg_url: str, pg_admin: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The consumer's upkeep (deadlines, the outbox) meets connections the server
+    dropped: one WARNING line naming the store's error, no traceback (that is for bugs),
+    and the next round works again."""
+    from examples.banking import ai
+    from tests.sql_helpers import terminate_backends
+    from workers.maintenance import Maintenance
+    from workers.runtime import Runtime
+    from workers.settings import Settings
+
+    runtime = Runtime(Settings(broker_url="memory://localhost/", store_url=pg_url), ai)
+    upkeep = Maintenance(runtime)
+    try:
+        upkeep.run_once()  # the pool holds connections now
+        with caplog.at_level(logging.INFO, logger="interlock.maintenance"):
+            terminate_backends(pg_admin, make_url(pg_url).database)
+            upkeep.start(0.05)  # reused at once: too recent for the pool to ping them
+            eventually(
+                lambda: any(r.levelno == logging.WARNING for r in caplog.records),
+                "a WARNING from the upkeep",
+                REQUEUED_TIMEOUT,
+            )
+        said = [r for r in caplog.records if r.name == "interlock.maintenance"]
+        warned = [r for r in said if r.levelno == logging.WARNING]
+        assert warned and all(r.exc_info is None for r in said), [r.getMessage() for r in said]
+        assert warned[0].getMessage().startswith("maintenance failed (OperationalError: ")
+        assert not [r for r in said if r.levelno >= logging.ERROR]
+    finally:
+        upkeep.stop()
+        runtime.close()
