@@ -446,3 +446,30 @@ def test_a_store_in_memory_is_refused_where_other_processes_would_read_it(
             assert "give a file (sqlite:///interlock.db) or a PostgreSQL URL" in result.stderr
             assert "broker" not in result.stderr, "refused before the broker is tried"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_commands_store_read_waits_out_a_dropped_connection(pg_url: str, pg_admin: str) -> None:
+    """`decide` and `resend` read the store before they publish: a connection the server
+    dropped a moment ago (too recent for the pool to ping) fails that read once, and it
+    is tried again rather than ending the command with UNAVAILABLE."""
+    from sqlalchemy import make_url
+
+    from interlock import SqlSessionStore
+    from tests.sql_helpers import terminate_backends
+    from workers.cli.base import read_store, store_read
+
+    SqlSessionStore(pg_url).close()  # its tables, as a worker makes them
+    sql = read_store(pg_url)
+    try:
+        assert sql.get_snapshot("warm") is None  # the pool holds a connection now
+        terminate_backends(pg_admin, make_url(pg_url).database)
+        tries: list[int] = []
+
+        def read() -> object:
+            tries.append(1)
+            return sql.get_snapshot("nothing-here")
+
+        assert store_read(read) is None
+        assert len(tries) == 2, "the first try met the dropped connection"
+    finally:
+        sql.dispose()

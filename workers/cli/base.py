@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -37,6 +38,10 @@ EXIT_TERMINATED = 143
 PROGRESS_EVERY = 100
 """A batch (`submit --file`) reports its progress on stderr every this many turns."""
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+READ_PAUSES = (0.2, 0.5, 1.0)
+"""Seconds between the tries of a command's read of the store that met a store failure
+(`store_read`)."""
 
 
 def emit(data: dict[str, Any]) -> None:
@@ -174,6 +179,22 @@ def unreachable(exc: Exception) -> str | None:
         # A file that is no database, tables of another program: the store is unusable.
         return f"cannot use the store: {first}"
     return None
+
+
+def store_read(read: Callable[[], T]) -> T:
+    """`read()`, a read of the store, tried again when the store fails (a connection the
+    server dropped mid-read, a restart): it changes nothing, so another try is safe.
+    The last failure is raised."""
+    from interlock.stores.failures import is_store_failure
+
+    for pause in (*READ_PAUSES, None):
+        try:
+            return read()
+        except Exception as exc:
+            if pause is None or not is_store_failure(exc):
+                raise
+            time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def read_store(url: str) -> SqlSessionStore:

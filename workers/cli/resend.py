@@ -16,6 +16,7 @@ from .base import (
     settings_of,
     shared_broker,
     store_option,
+    store_read,
     store_tables,
 )
 
@@ -39,8 +40,8 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
     settings = shared_broker(settings_of(broker=broker, store=store))
     sql = read_store(settings.store_url)
     try:
-        empty = no_tables(store_tables(sql), settings.store_url)
-        found = sql.get_snapshot(snapshot_id) if empty is None else None
+        empty = store_read(lambda: no_tables(store_tables(sql), settings.store_url))
+        found = store_read(lambda: sql.get_snapshot(snapshot_id)) if empty is None else None
         if found is None:
             where = f": {empty}" if empty is not None else ""
             raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found{where}")

@@ -25,6 +25,7 @@ from .base import (
     shared_broker,
     signals_deferred,
     store_option,
+    store_read,
     store_tables,
     terminable,
     timeout_option,
@@ -365,9 +366,13 @@ def decide(
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--respond") from None
     settings = shared_broker(settings_of(broker=broker, store=store))
     sql = read_store(settings.store_url)
-    try:
+
+    def read() -> tuple[str | None, Snapshot | None]:
         empty = no_tables(store_tables(sql), settings.store_url)
-        snap = sql.get_snapshot(snapshot_id) if empty is None else None
+        return empty, sql.get_snapshot(snapshot_id) if empty is None else None
+
+    try:
+        empty, snap = store_read(read)
     finally:
         sql.dispose()
     if snap is None:
