@@ -10,6 +10,7 @@ import base64
 import json
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -354,6 +355,27 @@ def test_a_queue_left_by_a_broker_gone_away_is_said_and_goes_as_the_docs_say(
 
 
 # ------------------------------------------------------------------ pending --limit
+
+
+def test_pending_says_which_deadlines_have_passed(tmp_path: Path) -> None:
+    """A pause past its deadline is still listed until the resume consumer's sweep marks
+    it expired, but an answer to it is refused: `expired` says so."""
+    from examples.banking import bankingAgent
+
+    url = f"sqlite:///{tmp_path}/deadlines.db"
+    store = SqlSessionStore(url)
+    try:
+        lapsing = replace(bankingAgent, store=store, interrupt_expires_in=0.05)
+        lapsed = lapsing.run_text("Transfer $4 to late").session_id
+        waiting = replace(bankingAgent, store=store).run_text("Transfer $5 to open").session_id
+    finally:
+        store.dispose()
+    time.sleep(0.1)
+    listed = run_cli("pending", "--store", url)
+    assert listed.returncode == 0, listed.describe()
+    rows = {x["session_id"]: x for x in listed.json_lines()}
+    assert rows[lapsed]["expired"] is True and rows[lapsed]["expires_at"] is not None
+    assert (rows[waiting]["expired"], rows[waiting]["expires_at"]) == (False, None)
 
 
 def test_pending_says_when_its_limit_cut_the_list(tmp_path: Path) -> None:

@@ -257,7 +257,11 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
 
 
 def _pending_row(snap: Snapshot) -> dict[str, Any]:
-    """One open interrupt as `pending` prints it (no resume token: the store has none)."""
+    """One open interrupt as `pending` prints it (no resume token: the store has none).
+    `expired`: its deadline has passed, so an answer is refused, though the resume
+    consumer's sweep has not marked it yet."""
+    from interlock.resume import passed_deadline
+
     message = snap.last_model_message
     return {
         "snapshot_id": snap.snapshot_id,
@@ -265,6 +269,7 @@ def _pending_row(snap: Snapshot) -> dict[str, Any]:
         "agent": snap.agent,
         "created_at": snap.created_at.isoformat(),
         "expires_at": snap.expires_at.isoformat() if snap.expires_at else None,
+        "expired": passed_deadline(snap) is not None,
         "interrupts": [
             {
                 "name": p.tool_request.name,
