@@ -22,7 +22,6 @@ from events.publisher import TopologyConflict, declare
 from events.redis_transport import UNREADABLE
 from events.topology import DECISIONS, DECISIONS_DEAD
 from interlock import StatusError
-from interlock.stores.failures import first_line as one_line
 from schemas import (
     MAX_DECISION_BYTES,
     Decision,
@@ -43,7 +42,7 @@ from .decisions import (
     parse_decision,
     resume_request,
 )
-from .turns import retried
+from .turns import log_failure, retried
 
 __all__ = ["EnqueueError", "ResumeConsumer", "StopRequested"]
 
@@ -173,14 +172,10 @@ class ResumeConsumer(ConsumerMixin):
                 self.unprocessable(body, headers, exc)
         except Exception as exc:
             # The store or the broker failed: leave the decision queued and try again.
-            if retried(exc) or isinstance(exc, EnqueueError):  # an outage: one line
-                log.warning(
-                    "decision could not be processed (%s: %s); requeueing it",
-                    type(exc).__name__,
-                    one_line(exc),
-                )
-            else:
-                log.exception("decision could not be processed; requeueing it")
+            outage = retried(exc) or isinstance(exc, EnqueueError)
+            log_failure(
+                log, exc, "decision could not be processed", "; requeueing it", outage=outage
+            )
             time.sleep(1)
             message.requeue()
             self.failing += 1

@@ -7,10 +7,9 @@ import logging
 import threading
 
 from events.expiry import expire_overdue
-from interlock.stores.failures import first_line
 
 from .runtime import Runtime
-from .turns import retried
+from .turns import log_failure
 
 __all__ = ["Maintenance"]
 
@@ -43,13 +42,8 @@ class Maintenance:
                 try:
                     self.run_once()
                 except Exception as exc:
-                    if not retried(exc):  # a bug: its traceback
-                        log.exception("maintenance failed; trying again in %.0f s", interval)
-                    else:  # the store or broker is away: said in one line, as elsewhere
-                        log.warning(
-                            "maintenance failed (%s: %s); trying again in %.0f s",
-                            type(exc).__name__, first_line(exc), interval,
-                        )  # fmt: skip
+                    again = f"; trying again in {interval:.0f} s"
+                    log_failure(log, exc, "maintenance failed", again)
                 if self._stop.wait(interval):
                     return
 

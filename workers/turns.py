@@ -24,7 +24,15 @@ from .decisions import unstorable
 from .holders import died_here
 from .runtime import Runtime
 
-__all__ = ["SessionBusy", "TurnBusy", "new_turn_request", "retried", "run_task", "run_turn"]
+__all__ = [
+    "SessionBusy",
+    "TurnBusy",
+    "log_failure",
+    "new_turn_request",
+    "retried",
+    "run_task",
+    "run_turn",
+]
 
 log = logging.getLogger("interlock.worker")
 
@@ -142,7 +150,7 @@ def _expire_if_dead(rt: Runtime, key: str) -> None:
     killed mid-turn) runs out now, for the next delivery to take, not once its time is up."""
     held = rt.journal.holder(key)
     if held is not None and died_here(held[0]):
-        rt.journal.expire_dead(key, held[0])
+        rt.journal.expire(key, held[0])
         log.warning("%s: its holder %s has died here; letting it go", key, held[0])
 
 
@@ -283,16 +291,19 @@ def _flush(rt: Runtime) -> None:
     try:
         rt.relay.flush()
     except Exception as exc:
-        _log_failure(exc, "publishing events failed; the outbox relay will send them later")
+        log_failure(log, exc, "publishing events failed; the outbox relay will send them later")
 
 
-def _log_failure(exc: Exception, what: str) -> None:
-    """An outage of the store or broker in one WARNING line; any other error at ERROR,
-    with its traceback."""
-    if retried(exc):
-        log.warning("%s (%s: %s)", what, type(exc).__name__, first_line(exc))
+def log_failure(
+    logger: logging.Logger, exc: Exception, what: str, then: str = "", *, outage: bool | None = None
+) -> None:
+    """`what` failed with `exc`: an outage of the store or broker (`outage`; by default
+    `retried(exc)`) in one WARNING line, `WHAT (Type: first line)THEN`; any other error
+    at ERROR, `WHAT THEN`, with its traceback (a bug)."""
+    if retried(exc) if outage is None else outage:
+        logger.warning("%s (%s: %s)%s", what, type(exc).__name__, first_line(exc), then)
     else:
-        log.exception("%s", what)
+        logger.exception("%s%s", what, then)
 
 
 class _FirstRun:
@@ -327,7 +338,7 @@ class _Renewals:
             try:
                 journal.renew_held(self._ttl)
             except Exception as exc:
-                _log_failure(exc, "renewing turn leases failed")
+                log_failure(log, exc, "renewing turn leases failed")
             del journal
 
 

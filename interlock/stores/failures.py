@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-__all__ = ["first_line", "is_store_failure"]
+__all__ = ["first_line", "is_store_failure", "retry_store_failures"]
+
+T = TypeVar("T")
 
 
 def first_line(exc: BaseException) -> str:
@@ -25,3 +31,23 @@ def is_store_failure(exc: BaseException) -> bool:
     if isinstance(exc, DataError | IntegrityError):
         return False
     return isinstance(exc, DBAPIError | PoolTimeout)
+
+
+def retry_store_failures(
+    do: Callable[[], T],
+    pauses: Sequence[float],
+    on_retry: Callable[[Exception, float], None] | None = None,
+) -> T:
+    """`do()`, tried again after each of `pauses` (seconds) while it meets a store
+    failure (`is_store_failure`; `on_retry(exc, pause)` first, to say so); the last
+    try's failure, and any other error, is raised. For work that is safe to do again."""
+    for pause in pauses:
+        try:
+            return do()
+        except Exception as exc:
+            if not is_store_failure(exc):
+                raise
+            if on_retry is not None:
+                on_retry(exc, pause)
+            time.sleep(pause)
+    return do()

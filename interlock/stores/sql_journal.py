@@ -24,7 +24,6 @@ import enum
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
@@ -57,7 +56,7 @@ from sqlalchemy.sql.dml import Insert
 
 from schemas import Snapshot, utcnow
 
-from .failures import first_line, is_store_failure
+from .failures import first_line, retry_store_failures
 from .fast import FastStatement
 from .sql import SqlSessionStore, _from_db
 
@@ -305,24 +304,24 @@ class SqlTurnJournal:
         # survive the process: lost with the machine, the call runs again under the
         # same key (the window `interlock.journal` describes).
         relaxed = not key.startswith("model:")
-        for pause in (*RECORD_PAUSES, None):
+
+        def write() -> None:
             try:
                 with self.store.writer(relaxed=relaxed).begin() as conn:
                     _F_RECORD.execute(conn, row)
-                return
             except IntegrityError:
-                return  # the first value written wins
-            except Exception as exc:
-                # What was just done (a tool's side effect) is only safe from a second
-                # run once it is written: a dropped connection or a restarting server
-                # is waited out here, where failing would run the call again.
-                if pause is None or not is_store_failure(exc):
-                    raise
-                _log.warning(
-                    "journaling %s of turn %s failed (%s); trying again in %.2f s",
-                    key, turn_id, first_line(exc), pause,
-                )  # fmt: skip
-                time.sleep(pause)
+                pass  # the first value written wins
+
+        def said(exc: Exception, pause: float) -> None:
+            _log.warning(
+                "journaling %s of turn %s failed (%s); trying again in %.2f s",
+                key, turn_id, first_line(exc), pause,
+            )  # fmt: skip
+
+        # What was just done (a tool's side effect) is only safe from a second run once
+        # it is written: a dropped connection or a restarting server is waited out here,
+        # where failing would run the call again.
+        retry_store_failures(write, RECORD_PAUSES, said)
 
     def refuse_in(self, conn: Connection, session_id: str | None, turn_id: str, error: Any) -> bool:
         """End `turn_id` as refused before it ran (`error`, JSON), in the caller's
@@ -413,7 +412,7 @@ class SqlTurnJournal:
         if not self.acquire(turn_id, owner, ttl):
             return TurnStart(TurnStartKind.BUSY)
         if session is not None and not self.acquire(session_lease(session), owner, ttl):
-            self._expire(turn_id, owner)
+            self.expire(turn_id, owner)
             return TurnStart(TurnStartKind.SESSION_BUSY)
         self._hold(turn_id, owner, session)
         return TurnStart(TurnStartKind.TAKEN_OVER)
@@ -454,16 +453,13 @@ class SqlTurnJournal:
             if session is not None:
                 _F_DROP_LEASE.execute(conn, {**params, "p_turn": session_lease(session)})
 
-    def _expire(self, key: str, owner: str) -> None:
-        """Let `owner`'s lease `key` run out now (kept: the next taker replays)."""
+    def expire(self, key: str, owner: str) -> None:
+        """Let `owner`'s lease `key` run out now, so that the next `begin` takes it (the
+        row is kept: that taker replays the journal). For a run given up, or a holder
+        known to have died."""
         params = {"p_turn": key, "p_owner": owner, "p_until": utcnow()}
         with self.store.writer(relaxed=True).begin() as conn:
             _F_RENEW.execute(conn, params)
-
-    def expire_dead(self, key: str, holder: str) -> None:
-        """Let the lease `key` of `holder`, a process known to have died, run out now,
-        so that the next `begin` takes it."""
-        self._expire(key, holder)
 
     def renew_held(self, ttl: float) -> int:
         """Extend every lease `begin` took here and not yet given up, in one

@@ -116,3 +116,20 @@ def test_taking_from_a_holder_fails_once_another_took_it(rt: Runtime) -> None:
     assert not rt.journal.take_from("t-1", dead, "w-3", ttl=30), "w-2 holds it now"
     held = rt.journal.holder("t-1")
     assert held is not None and held[0] == "w-2"
+
+
+def test_a_session_leased_by_a_dead_process_here_is_let_go(rt: Runtime) -> None:
+    """A pool process killed mid-turn leaves its session's lease: the next message to
+    the session is told to wait once (SessionBusy) and lets that lease run out, so that
+    its retry runs at once, not after the lease's time."""
+    from interlock.stores.sql_journal import session_lease
+    from workers.turns import SessionBusy
+
+    dead = _owner(_exited_pid())
+    assert rt.journal.acquire(session_lease("s-1"), dead, ttl=600)
+    request = _turn("Transfer $7 to savings")
+    with pytest.raises(SessionBusy):
+        run_turn(rt, request)
+    result = run_turn(rt, request)  # the retry
+    assert result["finish_reason"] == "interrupted" and result["snapshot_id"], result
+    assert rt.journal.holder(session_lease("s-1")) is None, "the snapshot gave it up"

@@ -535,18 +535,18 @@ def test_an_outage_is_one_warning_line_and_a_bug_an_error_with_its_traceback(
     bug, logged at ERROR with its traceback."""
     from sqlalchemy.exc import OperationalError
 
-    from workers.turns import _log_failure
+    from workers.turns import log, log_failure
 
     lost = OperationalError("SELECT 1", {}, Exception("server closed the connection"))
     with caplog.at_level(logging.WARNING, logger="interlock.worker"):
         try:
             raise lost
         except OperationalError as exc:
-            _log_failure(exc, "renewing turn leases failed")
+            log_failure(log, exc, "renewing turn leases failed")
         try:
             raise KeyError("holder")
         except KeyError as exc:
-            _log_failure(exc, "renewing turn leases failed")
+            log_failure(log, exc, "renewing turn leases failed")
     said = [r for r in caplog.records if r.name == "interlock.worker"]
     assert [(r.levelno, r.exc_info is not None) for r in said] == [
         (logging.WARNING, False),

@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -185,16 +184,9 @@ def store_read(read: Callable[[], T]) -> T:
     """`read()`, a read of the store, tried again when the store fails (a connection the
     server dropped mid-read, a restart): it changes nothing, so another try is safe.
     The last failure is raised."""
-    from interlock.stores.failures import is_store_failure
+    from interlock.stores.failures import retry_store_failures
 
-    for pause in (*READ_PAUSES, None):
-        try:
-            return read()
-        except Exception as exc:
-            if pause is None or not is_store_failure(exc):
-                raise
-            time.sleep(pause)
-    raise AssertionError("unreachable")
+    return retry_store_failures(read, READ_PAUSES)
 
 
 def read_store(url: str) -> SqlSessionStore:
