@@ -526,7 +526,7 @@ class SqlTurnJournal:
             "p_now": now,
         }
         portable = session is not None and self._take_session is None
-        if portable and not self.acquire(session_lease(str(session)), owner, ttl):
+        if portable and not self._take_session_portable(str(session), params, ttl):
             return False  # (a database without ON CONFLICT: a transaction of its own)
         with self.store.writer(relaxed=True).begin() as conn:
             if session is not None and self._take_session is not None:
@@ -539,6 +539,15 @@ class SqlTurnJournal:
         if taken:
             self._hold(turn_id, owner, session)
         return taken
+
+    def _take_session_portable(self, session: str, params: dict[str, Any], ttl: float) -> bool:
+        """`take_from`'s session lease without `ON CONFLICT`: the dead holder's, live or
+        not, else a free or run-out one."""
+        key = session_lease(session)
+        with self.store.writer(relaxed=True).begin() as conn:
+            if _F_TAKE_FROM.execute(conn, {**params, "p_turn": key}).rowcount == 1:
+                return True
+        return self.acquire(key, str(params["p_owner"]), ttl)
 
     def holder(self, turn_id: str) -> tuple[str, datetime] | None:
         """Who holds the turn's lease and until when (expired leases included)."""
