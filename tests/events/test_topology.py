@@ -90,3 +90,31 @@ def test_a_queue_declared_otherwise_stops_every_command_with_a_clear_error(
         health = run_cli("health", "--broker", url, "--store", store)
         assert health.returncode == 1, health.describe()
         assert "broker error: FAILED_PRECONDITION: the broker refuses" in health.stderr
+
+
+def test_a_worker_that_meets_the_conflict_once_ready_stops(tmp_path: Path) -> None:
+    """`interlock worker` checks the topology before Celery starts; a conflict the broker
+    shows only later (it did not answer then) is met by the worker's own declaration
+    once ready: a bare `celery worker` of the app stops there, exit 1, with the line."""
+    import subprocess
+    import sys
+
+    from kombu.entity import Queue
+
+    from tests.queue_helpers import child_env
+
+    with rabbitmq_vhost() as url:
+        if url.endswith("/"):
+            pytest.skip("rabbitmqctl could not make a fresh vhost")
+        with Connection(url) as conn, conn.channel() as channel:
+            quorum = {"x-queue-type": "quorum"}
+            Queue(INTERRUPTED.name, durable=True, queue_arguments=quorum).bind(channel).declare()
+        store = f"sqlite:///{tmp_path}/i.db"
+        env = child_env(INTERLOCK_APP=APP, INTERLOCK_BROKER_URL=url, INTERLOCK_STORE_URL=store)
+        argv = [sys.executable, "-m", "celery", "-A", "workers.celery_app:app", "worker"]
+        argv += ["-Q", "interlock.turns", "-P", "solo", "--without-gossip", "--without-mingle"]
+        ran = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert ran.returncode == 1, ran.stderr[-3000:]
+        said = "error: FAILED_PRECONDITION: the broker refuses Interlock's exchanges and queues"
+        assert said in ran.stderr and "; the worker stops" in ran.stderr, ran.stderr[-3000:]
+        assert "'x-queue-type' for queue 'interlock.interrupted'" in ran.stderr
