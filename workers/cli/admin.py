@@ -16,6 +16,7 @@ from interlock.stores.failures import first_line as one_line
 from ..settings import redact_url
 from .base import (
     broker_option,
+    broker_refusal,
     check_sqlite_folder,
     clear_errors,
     emit,
@@ -182,7 +183,9 @@ def health(
     except TopologyConflict as exc:
         report["broker"] = f"error: {Status.FAILED_PRECONDITION.value}: {exc}"
     except Exception as exc:
-        report["broker"] = f"error: {one_line(exc)}"
+        refusal = broker_refusal(exc)
+        said = one_line(exc) if refusal is None else f"{refusal[0].value}: {refusal[1]}"
+        report["broker"] = f"error: {said}"
     try:
         missing = missing_sqlite_file(settings.store_url)
         if missing is not None:  # connecting would make it: usable if it can be made

@@ -88,10 +88,42 @@ def error_line(exc: Exception) -> tuple[Status, str] | None:
     is shown)."""
     if isinstance(exc, InterlockError):
         return status_of(exc), getattr(exc, "message", str(exc))
+    refusal = broker_refusal(exc)
+    if refusal is not None:
+        return refusal
     if isinstance(exc, OSError):
         return Status.UNAVAILABLE, str(exc)
     reason = unreachable(exc)
     return None if reason is None else (Status.UNAVAILABLE, reason)
+
+
+def broker_refusal(exc: BaseException) -> tuple[Status, str] | None:
+    """The status and line of a broker that answered and refused us (a wrong user or
+    password, a vhost that does not exist or that the user may not use), found along
+    `exc`'s causes; None for anything else. Trying again cannot help: the operator must
+    fix the URL or the broker's users."""
+    from amqp.exceptions import AccessRefused, NotAllowed
+    from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissionError
+
+    seen: BaseException | None = exc
+    for _ in range(8):  # causes and contexts: kombu wraps some errors, not all
+        if seen is None:
+            return None
+        said = one_line(seen)
+        if isinstance(seen, AuthenticationError) or (
+            isinstance(seen, AccessRefused) and "login" in said.lower()
+        ):
+            return Status.UNAUTHENTICATED, (
+                f"the broker refused the login: {said}; check the user and password "
+                "of --broker or INTERLOCK_BROKER_URL"
+            )
+        if isinstance(seen, AccessRefused | NotAllowed | AuthorizationError | NoPermissionError):
+            return Status.PERMISSION_DENIED, (
+                f"the broker refused access: {said}; check the vhost (or database) of "
+                "--broker or INTERLOCK_BROKER_URL and the user's permissions there"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 class Terminated(BaseException):

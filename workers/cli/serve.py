@@ -16,6 +16,7 @@ from ..settings import Settings, redact_url
 from .base import (
     app_option,
     broker_option,
+    broker_refusal,
     burst_option,
     clear_errors,
     emit,
@@ -147,13 +148,17 @@ def _declare_first(settings: Settings) -> None:
     broker answers: one it holds declared otherwise ends the command here
     (FAILED_PRECONDITION), not a worker that runs and can publish no event. A broker
     that does not answer yet is left to Celery, which waits for it (and the worker
-    declares them once ready)."""
+    declares them once ready); one that refuses the login or the vhost ends the command
+    (UNAUTHENTICATED, PERMISSION_DENIED)."""
     from events.publisher import TopologyConflict, declare
 
     with settings.connection() as conn:
         try:
             conn.ensure_connection(max_retries=1, interval_start=0.5, timeout=5)
-        except Exception:
+        except Exception as exc:
+            refusal = broker_refusal(exc)  # a wrong password is not waited out
+            if refusal is not None:
+                raise StatusError(*refusal) from exc
             return
         try:
             declare(conn)
@@ -163,12 +168,16 @@ def _declare_first(settings: Settings) -> None:
 
 def _reach_broker(settings: Settings) -> None:
     """Connect once, with burst mode's few attempts (2, 4 and 6 s apart); a broker
-    that never answers raises kombu's OperationalError."""
+    that never answers raises kombu's OperationalError, one that refuses the login or
+    the vhost a StatusError at once."""
     from ..burst import BURST_CONNECT_RETRIES
 
     with settings.connection() as conn:
 
         def retrying(exc: Exception, interval: float) -> None:
+            refusal = broker_refusal(exc)  # a wrong password is not waited out
+            if refusal is not None:
+                raise StatusError(*refusal) from exc
             click.echo(
                 f"cannot reach the broker ({exc}); trying again in {interval:.0f} s", err=True
             )
@@ -230,6 +239,7 @@ def resume_consumer(
     rt.registry  # noqa: B018 - fail early on a bad --app
     if burst:  # a batch job: a store it cannot use is one line (UNAVAILABLE), at once
         reach_store(settings.store_url)
+    _declare_first(settings)
     maintenance = Maintenance(rt)
     maintenance.start(settings.relay_interval)  # at start-up, then periodically
 

@@ -1,0 +1,76 @@
+"""A broker that answers and refuses us (a wrong password, a vhost that does not
+exist): every command says so in one line, with its status, and stops at once; none
+waits it out or prints a traceback."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.queue_helpers import APP, rabbitmq_vhost, run_cli
+
+LOGIN = "error: UNAUTHENTICATED: the broker refused the login: "
+ACCESS = "error: PERMISSION_DENIED: the broker refused access: "
+
+COMMANDS = [
+    ["submit", "--agent", "bankingAgent", "--text", "hi"],
+    ["worker", "--concurrency", "1"],
+    ["worker", "--burst"],
+    ["resume-consumer"],
+    ["resume-consumer", "--burst"],
+]
+
+
+@pytest.fixture
+def wrong_password(redis_url: str) -> Iterator[str]:
+    """The private Redis, with a user of its own logging in with the wrong password."""
+    user = f"u{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(redis_url)
+    client.acl_setuser(
+        user, enabled=True, passwords=["+right"], keys=["*"], channels=["*"], commands=["+@all"]
+    )
+    try:
+        yield redis_url.replace("redis://", f"redis://{user}:wrong@", 1)
+    finally:
+        client.acl_deluser(user)
+        client.close()
+
+
+def refused(args: list[str], broker: str, store: str) -> str:
+    """The stderr of `interlock ARGS` refused by `broker`: exit 1, no traceback."""
+    ran = run_cli(*args, "--app", APP, "--broker", broker, "--store", store, timeout=60)
+    assert ran.returncode == 1, ran.describe()
+    assert "Traceback" not in ran.stderr, ran.describe()
+    assert "trying again" not in ran.stderr, ran.describe()
+    return ran.stderr
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=" ".join)
+def test_a_wrong_redis_password(args: list[str], wrong_password: str, tmp_path: Path) -> None:
+    said = refused(args, wrong_password, f"sqlite:///{tmp_path}/i.db")
+    assert LOGIN + "invalid username-password pair" in said, said
+
+
+def test_a_wrong_rabbitmq_password_or_vhost(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/i.db"
+    with rabbitmq_vhost() as url:
+        wrong = url.replace("guest:guest@", "guest:wrong@", 1)
+        for args in COMMANDS:
+            said = refused(args, wrong, store)
+            assert LOGIN in said and "ACCESS_REFUSED - Login was refused" in said, said
+    unknown = f"amqp://guest:guest@127.0.0.1:5672/no_such_vhost_{uuid.uuid4().hex[:8]}"
+    for args in (COMMANDS[0], COMMANDS[1], COMMANDS[3]):
+        said = refused(args, unknown, store)
+        assert ACCESS in said and "NOT_ALLOWED - vhost no_such_vhost_" in said, said
+
+
+def test_health_says_which_refusal(wrong_password: str, tmp_path: Path) -> None:
+    ran = run_cli("health", "--broker", wrong_password, "--store", f"sqlite:///{tmp_path}/h.db")
+    assert ran.returncode == 1, ran.describe()
+    [report] = ran.json_lines()
+    assert report["broker"].startswith("error: UNAUTHENTICATED: the broker refused the login")
+    assert report["store"] == "ok"
