@@ -73,3 +73,19 @@ def test_only_an_open_pause_is_resent(dash: Dashboard, stack: QueueStack, case: 
     dash.consumer_barrier()  # what was published before now has been read
     announced = dash.events(lambda e: e.type == "turn.interrupted" and e.snapshot_id == snapshot_id)
     assert len(announced) == (1 if case == "answered" else 0), "nothing was announced again"
+
+
+def test_a_broker_that_cannot_be_reached_changes_nothing(
+    dash: Dashboard, stack: QueueStack
+) -> None:
+    """The broker is reached before the token is replaced: one that does not answer ends
+    the command with UNAVAILABLE, and the old token still answers the pause."""
+    from tests.services import free_port
+
+    paused = dash.paused("Transfer $33 to broker-down")
+    down = f"redis://127.0.0.1:{free_port()}/0"
+    ran = run_cli("resend", paused.snapshot_id, "--broker", down, "--store", stack.store_url)
+    assert ran.returncode == 1, ran.describe()
+    assert ran.stderr.startswith("error: UNAVAILABLE: cannot reach the broker"), ran.describe()
+    assert ran.json_lines() == []
+    assert dash.resolve(paused).type == "turn.completed", "the old token still works"

@@ -10,6 +10,7 @@ from .base import (
     broker_option,
     clear_errors,
     emit,
+    error_line,
     main,
     no_tables,
     read_store,
@@ -33,7 +34,7 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
     again: it stops working, and only the new event's token answers the pause. The
     deadline, if any, stays what it was. Prints the new event's ids."""
     from events.outbox import Outbox, OutboxRelay
-    from events.publisher import Publisher
+    from events.publisher import RETRY_POLICY, Publisher
     from events.snapshot_events import event_for_snapshot
     from interlock.resume import check_resumable
 
@@ -51,6 +52,9 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
         outbox = Outbox(sql)
         relay = OutboxRelay(outbox, Publisher(settings.connection()))
         try:
+            # The broker first: one that cannot be reached ends the command before the
+            # token is replaced (nothing changed; run it again later).
+            relay.publisher.connection.ensure_connection(**RETRY_POLICY)
             with sql.writer().begin() as conn:
                 if not sql.replace_token_hash_in(conn, snapshot_id, found.resume_token_hash):
                     raise StatusError(
@@ -58,7 +62,19 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
                         f"snapshot {snapshot_id} was resumed or expired meanwhile",
                     )
                 outbox.add(conn, event)
-            relay.flush()
+            try:
+                relay.flush()
+            except Exception as exc:
+                said = error_line(exc)
+                if said is None:
+                    raise
+                raise StatusError(
+                    said[0],
+                    f"{said[1]}. The new token is in force (the old one no longer works), "
+                    f"and event {event.event_id} waits in the outbox: a worker or the "
+                    "resume consumer publishes it once the broker answers. Running resend "
+                    "again would replace the token once more",
+                ) from exc
         finally:
             relay.publisher.close()
             relay.publisher.connection.release()
