@@ -473,3 +473,14 @@ def test_a_commands_store_read_waits_out_a_dropped_connection(pg_url: str, pg_ad
         assert len(tries) == 2, "the first try met the dropped connection"
     finally:
         sql.dispose()
+
+
+def test_submit_takes_no_store_but_accepts_the_flag() -> None:
+    """The workers store the turns: `submit --help` lists no --store (the flag is still
+    accepted, so that one set of flags serves every command); the commands that read
+    or write the store list it."""
+    assert "--store" not in run_cli("submit", "--help").stdout
+    for command in ("worker", "resume-consumer", "pending", "decide", "resend", "audit"):
+        assert "--store" in run_cli(command, "--help").stdout, command
+    ran = run_cli("submit", "--store", "sqlite:///x.db", "--agent", "a", "--text", "")
+    assert ran.returncode == 2 and "the message is empty" in ran.stderr, ran.describe()

@@ -29,6 +29,7 @@ from .base import (
     store_tables,
     terminable,
     timeout_option,
+    unused_store_option,
     wait_option,
 )
 from .waiter import Waiter
@@ -59,7 +60,7 @@ def login_name() -> str | None:
 @main.command(short_help="Enqueue a turn (or a file of them).")
 @app_option
 @broker_option
-@store_option
+@unused_store_option
 @click.option("--agent", "agent_name", required=True, help="Agent name in the registry.")
 @click.option("--text", help="The user's message (or give --file).")
 @click.option(
