@@ -97,7 +97,39 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
     try:
         return Decision.model_validate(data)
     except ValidationError as exc:
-        return _failure(f"decision does not match the schema: {brief(exc)}", data)
+        return _failure(f"decision does not match the schema: {_schema_brief(exc, data)}", data)
+
+
+_ENTRY_FORMS = {"respond": "RespondEntry", "restart": "RestartEntry"}
+"""The lists whose entries are a JSON entry or a `Part`, and the entry form's name as
+pydantic puts it in an error's location (the other form's is its validator's)."""
+_INSTANCE_OF = re.compile(r" or instance of \w+")
+_PART_KEYS = frozenset(
+    {"toolRequest", "toolResponse", "tool_request", "tool_response", "text", "data", "media"}
+    | {"reasoning", "custom", "resource"}
+)
+
+
+def _schema_brief(exc: ValidationError, data: dict[str, Any]) -> str:
+    """`brief`, where an entry of `respond` or `restart` that fits neither form is
+    said by the form it was meant as (a Part when it holds a part's field, else the
+    JSON entry), without pydantic's names for the forms: `restart.0.ref: Field
+    required`, not both forms' complaints under their validators' names."""
+    said: list[str] = []
+    for error in exc.errors():
+        loc = error["loc"]
+        if len(loc) >= 3 and loc[0] in _ENTRY_FORMS and isinstance(loc[1], int):
+            entries = data.get(str(loc[0]))
+            entry = entries[loc[1]] if isinstance(entries, list) else None
+            as_part = isinstance(entry, dict) and not _PART_KEYS.isdisjoint(entry)
+            if (loc[2] == _ENTRY_FORMS[str(loc[0])]) == as_part:
+                continue  # the other form's complaint
+            loc = (*loc[:2], *loc[3:])
+        msg = _INSTANCE_OF.sub("", error["msg"])  # a Python caller's option, not the wire's
+        line = f"{'.'.join(str(x) for x in loc) or 'value'}: {msg}"
+        if line not in said:
+            said.append(line)
+    return "; ".join(said) or brief(exc)
 
 
 def _failure(reason: str, data: Any) -> ParseFailure:

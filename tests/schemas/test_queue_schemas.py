@@ -290,3 +290,29 @@ def test_a_refused_decision_names_what_it_gave(version: str | None, reason: str)
     long = json.dumps({"decision_id": "d-2", "snapshot_id": "s" * 201, "reviewer": "r" * 501})
     refused = parse_decision(long.encode(), "application/json")
     assert refused == ParseFailure("schema_version is missing; this consumer reads 1", "d-2")
+
+
+@pytest.mark.parametrize(
+    ("lists", "reason"),
+    [
+        ({"restart": [{"name": "x", "resumed": {}}]}, "restart.0.ref: Field required"),
+        ({"respond": [{"name": 5, "ref": "r"}]}, "respond.0.name: Input should be a valid string"),
+        ({"restart": ["oops"]}, "restart.0: Input should be a valid dictionary"),
+        (
+            {"respond": [{"toolResponse": {"ref": "r"}}]},
+            "respond.0.toolResponse.name: Field required",
+        ),
+    ],
+)
+def test_a_bad_entry_is_said_by_the_form_it_was_meant_as(
+    lists: dict[str, Any], reason: str
+) -> None:
+    """An entry of respond or restart that fits neither form (a JSON entry, a Part) is
+    said as the form it was meant as, in the wire's words: one complaint, no pydantic
+    names of the forms (a dashboard author reads it)."""
+    from workers.decisions import ParseFailure, parse_decision
+
+    body = {"schema_version": 1, "decision_id": "d", "snapshot_id": "s", "resume_token": "t"}
+    failure = parse_decision(json.dumps({**body, **lists}), "application/json")
+    assert isinstance(failure, ParseFailure)
+    assert failure.reason == f"decision does not match the schema: {reason}"
