@@ -168,6 +168,7 @@ def test_pending_lists_the_open_interrupt_and_decide_answers_it(
     [item] = paused.interrupts
     assert line["snapshot_id"] == paused.snapshot_id
     assert (line["session_id"], line["agent"], line["expires_at"]) == (session_id, AGENT, None)
+    assert line["created_at"].endswith("Z"), "UTC as the events write it"
     assert line["interrupts"] == [
         {
             "name": "transferMoney",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -114,10 +115,12 @@ def test_the_audit_shows_a_refused_turn(rt: Runtime) -> None:
     assert refused["error"]["status"] == "FAILED_PRECONDITION"
     assert "answer the pending interrupts first" in refused["error"]["message"]
     assert entries[0]["snapshot_id"] == paused["snapshot_id"]
-    # Every entry's time in one form, UTC with its offset, as a dashboard sorts them.
+    # Every entry's time in one form, UTC as the events write it (a "Z", microseconds
+    # always), so that a dashboard sorts them as strings.
     for entry in entries:
         at = datetime.fromisoformat(entry["at"])
         assert at.utcoffset() == timedelta(0), entry
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", entry["at"]), entry
     assert session_history(rt.store, DecisionLog(rt.store), "s-other") == []
 
 
