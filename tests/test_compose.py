@@ -95,3 +95,17 @@ def test_one_install_at_a_time_before_the_services_start() -> None:
     for name in ("worker", "resume-consumer"):
         wait = services[name]["depends_on"]["migrate"]["condition"]
         assert wait == "service_completed_successfully", name
+
+
+def test_long_running_services_start_again_and_wait_for_redis_and_postgres() -> None:
+    """A service's own `depends_on` replaces the anchor's (YAML merges are shallow):
+    the worker and the resume consumer name redis and postgres again. Every
+    long-running service starts again when it stops; the one-shot migration does not."""
+    services = COMPOSE["services"]
+    for name in ("redis", "postgres", "worker", "resume-consumer"):
+        assert services[name].get("restart") == "unless-stopped", name
+    assert services["migrate"]["restart"] == "no"
+    for name in ("worker", "resume-consumer"):
+        deps = services[name]["depends_on"]
+        for service in ("redis", "postgres"):
+            assert deps[service]["condition"] == "service_healthy", (name, service)
