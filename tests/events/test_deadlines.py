@@ -35,7 +35,7 @@ from interlock import (
     scripted,
 )
 from schemas import DecisionAccepted, DecisionRejected, ErrorInfo
-from workers.audit import session_history
+from workers.audit import session_history, wire_time
 from workers.cli import main
 
 
@@ -290,7 +290,8 @@ def test_audit_shows_what_an_expired_pause_asked(sql_store: SqlSessionStore) -> 
     assert [e["kind"] for e in entries] == ["interrupted", "expired"], entries
     asked, ended = entries
     assert asked["interrupts"][0]["payload"] == {"n": 4}
-    assert asked["expires_at"] == ended["at"] == expired.expires_at.isoformat()  # type: ignore[union-attr]
+    assert expired.expires_at is not None
+    assert asked["expires_at"] == ended["at"] == wire_time(expired.expires_at)
     assert asked["at"] < ended["at"]
     assert ended["snapshot_id"] == asked["snapshot_id"] == soon.snapshot_id
 
