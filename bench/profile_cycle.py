@@ -22,8 +22,10 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile_cycle", description=__doc__)
-    parser.add_argument("--store", choices=("sqlite", "memory"), default="sqlite")
-    parser.add_argument("--cycles", type=int, default=500)
+    parser.add_argument(
+        "--store", choices=("sqlite", "memory"), default="sqlite", help="default: sqlite"
+    )
+    parser.add_argument("--cycles", type=int, default=500, help="profiled cycles (500)")
     args = parser.parse_args(argv)
     try:
         from pyinstrument import Profiler

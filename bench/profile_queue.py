@@ -103,11 +103,11 @@ class _Harness:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile_queue", description=__doc__)
-    parser.add_argument("--cycles", type=int, default=300)
-    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--cycles", type=int, default=300, help="timed cycles (300)")
+    parser.add_argument("--warmup", type=int, default=30, help="untimed cycles first (30)")
     parser.add_argument("--store", help="store URL (default: a SQLite file in a temp dir)")
     parser.add_argument("--no-profile", action="store_true", help="step times only")
-    parser.add_argument("--interval", type=float, default=0.0002, help="sampling seconds")
+    parser.add_argument("--interval", type=float, default=0.0002, help="sampling seconds (0.0002)")
     args = parser.parse_args(argv)
     profiler: Any = None
     if not args.no_profile:
