@@ -44,7 +44,11 @@ class StatusError(InterlockError):
         super().__init__(f"{self.status.value}: {message}" if message else self.status.value)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self.status.value, self.message, dict(self.__dict__)))
+        """Rebuilt in another process with its status, message and attributes, and with
+        the status its cause chain gives (`status_of`): a tool's `StatusError` is kept as
+        the cause of its `ToolFailedError`; a cause with no status is left behind."""
+        extra = dict(self.__dict__)
+        return (_rebuild, (type(self), self.status.value, self.message, extra, _portable(self)))
 
     def to_info(self) -> ErrorInfo:
         return ErrorInfo(status=self.status, message=self.message)
@@ -59,12 +63,29 @@ class StatusError(InterlockError):
 
 
 def _rebuild(
-    cls: type[StatusError], status: str, message: str, extra: dict[str, Any]
+    cls: type[StatusError],
+    status: str,
+    message: str,
+    extra: dict[str, Any],
+    cause: StatusError | None = None,
 ) -> StatusError:
     err = cls.__new__(cls)
     StatusError.__init__(err, status, message)
     err.__dict__.update(extra)
+    err.__cause__ = cause
     return err
+
+
+def _portable(err: StatusError) -> StatusError | None:
+    """What of `err`'s cause can travel: a `StatusError` as it is; any other exception
+    as a `StatusError` with the status its own chain gives, if it gives one."""
+    cause = err.__cause__
+    if cause is None or isinstance(cause, StatusError):
+        return cause
+    inner = status_of(cause)
+    if inner is Status.UNKNOWN:
+        return None
+    return StatusError(inner, f"{type(cause).__name__}: {cause}")
 
 
 class ToolFailedError(StatusError):

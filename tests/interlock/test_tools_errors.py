@@ -661,6 +661,38 @@ def test_every_error_takes_a_message_alone_or_the_status_form() -> None:
         assert (type(again), again.status, again.message) == (type(err), err.status, err.message)
 
 
+def test_a_tool_failure_keeps_the_status_of_its_cause_across_processes() -> None:
+    """`status_of` still names the tool's own status once the error was pickled (a
+    process pool, a result backend); a cause with no status is left behind."""
+    ai = Interlock()
+
+    @ai.tool(name="pay", description="")
+    def pay(inp: Num) -> Result:
+        raise StatusError(Status.INVALID_ARGUMENT, "amount <= 0")
+
+    with pytest.raises(ToolFailedError) as info:
+        one_call(ai, pay, {"n": -5}).run_text("go")
+    back = pickle.loads(pickle.dumps(info.value))
+    assert (type(back), back.status, back.tool_name) == (ToolFailedError, Status.INTERNAL, "pay")
+    assert status_of(back) is Status.INVALID_ARGUMENT
+    assert isinstance(back.__cause__, StatusError)
+    assert back.__cause__.message == "amount <= 0"
+
+    wrapped = ValueError("wrapped")
+    wrapped.__cause__ = StatusError(Status.PERMISSION_DENIED, "no")
+    outer = ToolFailedError("t")
+    outer.__cause__ = wrapped
+    again = pickle.loads(pickle.dumps(outer))
+    assert status_of(again) is Status.PERMISSION_DENIED
+    assert str(again.__cause__) == "PERMISSION_DENIED: ValueError: wrapped"
+
+    plain = ToolFailedError("t")
+    plain.__cause__ = ValueError("boom")
+    alone = pickle.loads(pickle.dumps(plain))
+    assert alone.__cause__ is None
+    assert status_of(alone) is Status.INTERNAL
+
+
 def test_status_of_walks_the_cause_chain() -> None:
     inner = StatusError(Status.PERMISSION_DENIED, "no")
     middle = ValueError("wrapped")
