@@ -137,12 +137,12 @@ class Interlock:
     # -- models -----------------------------------------------------------------------
 
     def define_model(self, name: str, fn: Callable[..., Any]) -> Model:
-        """Register the model `provider/model` from `fn(request)` (or, streaming,
-        `fn(request, on_chunk)`), returning a `ModelResponse` or a `Message`."""
-        if "/" not in name:
-            raise StatusError(
-                Status.INVALID_ARGUMENT, f"model name {name!r} must read provider/model"
-            )
+        """Register the model `name` from `fn(request)` (or, streaming,
+        `fn(request, on_chunk)`), returning a `ModelResponse` or a `Message`. Names
+        usually read `provider/model` (`scripted/banking`); an agent names the model
+        exactly as it was defined."""
+        if not isinstance(name, str) or not name.strip():
+            raise StatusError(Status.INVALID_ARGUMENT, f"model name {name!r} is empty")
         model = FunctionModel(name, fn)
         self.models[name] = model
         return model

@@ -41,14 +41,20 @@ def as_response(reply: Any, name: str) -> ModelResponse:
     )
 
 
+def _positional(fn: Callable[..., Any]) -> int:
+    """How many arguments `fn` takes by position: a second one makes a streaming model
+    (keyword-only parameters, such as a `temperature=` of its own, do not)."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds for p in inspect.signature(fn).parameters.values())
+
+
 class FunctionModel:
     """A model from `fn(request)` or, streaming, `fn(request, on_chunk)`; sync or async."""
 
     def __init__(self, name: str, fn: Callable[..., Any]) -> None:
         self.name = name
         self.fn = fn
-        params = inspect.signature(fn).parameters
-        self.streaming = len(params) >= 2
+        self.streaming = _positional(fn) >= 2
 
     def __repr__(self) -> str:
         return f"<FunctionModel {self.name}>"

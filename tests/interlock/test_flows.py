@@ -659,6 +659,31 @@ def test_async_streaming_model() -> None:
     assert out.text == "ab"
 
 
+def test_a_model_with_keyword_only_options_is_not_a_streaming_one() -> None:
+    """A second parameter makes a streaming model only where it is taken by position."""
+    ai = Interlock()
+    seen: list[float] = []
+
+    def model(request: ModelRequest, *, temperature: float = 0.5) -> Message:
+        seen.append(temperature)
+        return scripted.text("plain")
+
+    def defaulted(request: ModelRequest, on_chunk: Any = None) -> Message:
+        on_chunk(ModelChunk(content=[Part(text="streamed")]))
+        return scripted.text("streamed")
+
+    ai.define_model("mine/plain", model)
+    ai.define_model("mine/defaulted", defaulted)
+    got: list[Any] = []
+    plain = ai.define_agent("p", model="mine/plain", store=None).run_text("hi", on_chunk=got.append)
+    assert (plain.text, seen) == ("plain", [0.5])
+    assert [c.model_chunk.text for c in got if c.model_chunk] == ["plain"]  # one whole chunk
+    got.clear()
+    agent = ai.define_agent("d", model="mine/defaulted", store=None)
+    assert agent.run_text("hi", on_chunk=got.append).text == "streamed"
+    assert [c.model_chunk.text for c in got if c.model_chunk] == ["streamed"]
+
+
 # -- max_turns -------------------------------------------------------------------------------
 
 
@@ -708,9 +733,20 @@ def test_unknown_model_is_not_found() -> None:
     assert "model 'nowhere/gemini-flash-latest' is not defined" in info.value.message
     assert "define it with ai.define_model" in info.value.message
     with pytest.raises(StatusError) as bad:
-        ai.define_model("no-provider", lambda request: scripted.text("x"))
+        ai.define_model(" ", lambda request: scripted.text("x"))
     assert bad.value.status is Status.INVALID_ARGUMENT
-    assert "must read provider/model" in bad.value.message
+    assert "is empty" in bad.value.message
+
+
+def test_a_model_defined_without_a_provider_is_named_as_defined() -> None:
+    ai = Interlock()
+    ai.define_model("echo", lambda request: scripted.text(f"echo: {request.messages[-1].text}"))
+    agent = ai.define_agent("e", model="echo", store=InMemorySessionStore())
+    assert agent.run_text("hi").text == "echo: hi"
+    with pytest.raises(StatusError) as info:
+        ai.define_agent("g", model="gpt-4o-mini", store=None).run_text("hi")
+    assert info.value.status is Status.NOT_FOUND
+    assert "model names read provider/model" in info.value.message
 
 
 def test_unknown_model_on_resume_does_not_leave_a_claim() -> None:
