@@ -484,3 +484,34 @@ def test_submit_takes_no_store_but_accepts_the_flag() -> None:
         assert "--store" in run_cli(command, "--help").stdout, command
     ran = run_cli("submit", "--store", "sqlite:///x.db", "--agent", "a", "--text", "")
     assert ran.returncode == 2 and "the message is empty" in ran.stderr, ran.describe()
+
+
+def test_one_set_of_flags_serves_every_command(tmp_path: Path) -> None:
+    """`--app --broker --store` are taken by every command that talks to the queues or
+    the store; a command that does not use one accepts it and does not list it."""
+    from click.testing import CliRunner
+
+    from workers.cli import main
+
+    flags = ["--app", "examples.banking:ai", "--broker", "redis://127.0.0.1:1/0"]
+    flags += ["--store", f"sqlite:///{tmp_path}/f.db"]
+    runner = CliRunner()
+    for command in (
+        "worker",
+        "resume-consumer",
+        "submit",
+        "pending",
+        "decide",
+        "resend",
+        "audit",
+        "migrate",
+        "health",
+    ):
+        result = runner.invoke(main, [command, *flags, "--help"])
+        assert result.exit_code == 0, (command, result.output)
+    assert "--app" not in runner.invoke(main, ["pending", "--help"]).output
+    assert "--broker" not in runner.invoke(main, ["audit", "--help"]).output
+    ran = run_cli("pending", *flags, timeout=60)
+    assert ran.returncode == 0 and ran.stdout == "", ran.describe()
+    made = run_cli("migrate", *flags, timeout=60)
+    assert made.returncode == 0 and made.json_lines()[0]["tables"] == TABLES, made.describe()

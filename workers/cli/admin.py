@@ -31,6 +31,7 @@ from .base import (
     shared_store,
     store_option,
     store_tables,
+    unused,
 )
 
 __all__: list[str] = []
@@ -119,6 +120,8 @@ def demo(
 
 @main.command(short_help="Create the store's tables (once per deployment).")
 @store_option
+@unused("--app")
+@unused("--broker")
 @clear_errors
 def migrate(store: str | None) -> None:
     """Create the store's tables if missing: snapshots, messages, outbox, decisions, turn
@@ -149,6 +152,7 @@ def migrate(store: str | None) -> None:
 @main.command(short_help="Check the broker, the store and a process's heartbeat.")
 @broker_option
 @store_option
+@unused("--app")
 @click.option(
     "--heartbeat-file",
     help="Also require this file (a worker's or a resume consumer's --heartbeat-file) to "
@@ -260,6 +264,8 @@ def schemas(out_dir: str, check: bool) -> None:
 @main.command(short_help="A session's interrupts, decisions and outcomes.")
 @click.argument("session_id")
 @store_option
+@unused("--app")
+@unused("--broker")
 @clear_errors
 def audit(session_id: str, store: str | None) -> None:
     """Print a session's history of interrupts, decisions and outcomes, one JSON line

@@ -310,6 +310,18 @@ unused_store_option = click.option(
 )
 
 
+def unused(flag: str) -> Callable[[F], F]:
+    """`flag` (`--app`, `--broker`) on a command that does not use it: accepted and
+    ignored, not listed, so that one set of flags (`--app --broker --store`) serves
+    every command that talks to the queues or the store."""
+    return click.option(
+        flag,
+        hidden=True,
+        expose_value=False,
+        help="Not used by this command; accepted so that one set of flags serves all.",
+    )
+
+
 def settings_of(
     app: str | None = None, broker: str | None = None, store: str | None = None
 ) -> Settings:

@@ -19,6 +19,7 @@ from .base import (
     store_option,
     store_read,
     store_tables,
+    unused,
 )
 
 
@@ -26,6 +27,7 @@ from .base import (
 @click.argument("snapshot_id")
 @broker_option
 @store_option
+@unused("--app")
 @clear_errors
 def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
     """Publish a new turn.interrupted for the open interrupt SNAPSHOT_ID, with a new

@@ -29,6 +29,7 @@ from .base import (
     store_tables,
     terminable,
     timeout_option,
+    unused,
     unused_store_option,
     wait_option,
 )
@@ -216,6 +217,8 @@ def _cut_short(exc: BaseException, turns: list[FileTurn], sent: int) -> None:
 
 @main.command(short_help="List the open interrupts.")
 @store_option
+@unused("--app")
+@unused("--broker")
 @click.option("--session", "session_id", help="Only this session.")
 @click.option(
     "--limit", default=100, show_default=True, type=click.IntRange(min=1), help="At most this many."
@@ -290,6 +293,7 @@ def _pending_row(snap: Snapshot) -> dict[str, Any]:
 @click.argument("snapshot_id")
 @broker_option
 @store_option
+@unused("--app")
 @click.option(
     "--token",
     "resume_token",
