@@ -732,14 +732,28 @@ def test_unknown_snapshot_id() -> None:
 
 
 def test_resume_on_a_fresh_session_has_nothing_to_resume() -> None:
+    """An unknown session id starts a new session, whose history holds no call: an
+    answer names a ref "not found in session history" (rule 1), as in Genkit."""
     rig = Rig({"n": 1})
     rejects(
-        Status.FAILED_PRECONDITION,
-        "session fresh has no paused turn to resume",
+        Status.INVALID_ARGUMENT,
+        "resume answers nothing: give respond or restart parts (session fresh has no paused turn)",
         rig.agent.run,
         ToolResume(),
         session_id="fresh",
     )
+    elsewhere = rig.agent.run_text("go")
+    [part] = elsewhere.interrupts
+    assert part.tool_request is not None
+    rejects(
+        Status.INVALID_ARGUMENT,
+        f"ref {part.tool_request.ref} not found in session history (session fresh has no "
+        "paused turn)",
+        rig.agent.run,
+        ToolResume(respond=[respond(part, {"n": 2})]),
+        session_id="fresh",
+    )
+    assert rig.store.get_latest_snapshot("fresh") is None, "nothing written"
 
 
 def test_snapshot_of_another_session_or_agent() -> None:
