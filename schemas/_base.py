@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_serializer
 from pydantic.alias_generators import to_camel
@@ -21,11 +21,15 @@ class WireModel(BaseModel):
         extra="ignore",
     )
 
+    omit_empty: ClassVar[frozenset[str]] = frozenset()
+    """Wire names of list fields left out when empty, as Genkit's `omitempty` does."""
+
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
         if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
+            omit = self.omit_empty
+            return {k: v for k, v in data.items() if v is not None and not (k in omit and v == [])}
         return data
 
     def to_json(self) -> dict[str, Any]:

@@ -42,7 +42,10 @@ class ErrorInfo(WireModel):
 
 
 class ToolResume(WireModel):
-    """Answers to the pending interrupts: respond parts and restart parts."""
+    """Answers to the pending interrupts: respond parts and restart parts. An empty list
+    is left out of the JSON, as Genkit does."""
+
+    omit_empty = frozenset({"respond", "restart"})
 
     respond: list[Part] = Field(default_factory=list)
     restart: list[Part] = Field(default_factory=list)
