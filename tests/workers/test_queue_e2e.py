@@ -15,6 +15,7 @@ import hashlib
 import json
 import pickle
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -426,8 +427,10 @@ def test_the_cli_alone_submits_waits_and_decides(stack: QueueStack) -> None:
     assert "PERMISSION_DENIED: decision rejected" in wrong.stderr
     assert wrong.json_lines()[-1]["type"] == "decision.rejected"
 
-    decided = run_cli("decide", paused["snapshot_id"], "--token", paused["resume_token"],
-                      "--approve", "--reviewer", "cli@example.com", "--wait", *where)  # fmt: skip
+    # The hint of `submit --wait` runs as pasted: it repeats --broker and --store.
+    [hint] = re.findall(r"`interlock (decide [^`]+)`", submitted.stderr)
+    assert hint.endswith("--approve") and f"--store {stack.store_url}" in hint, hint
+    decided = run_cli(*shlex.split(hint), "--reviewer", "cli@example.com", "--wait")
     assert decided.returncode == 0, decided.describe()
     sent, accepted, completed = decided.json_lines()
     assert accepted["type"] == "decision.accepted"

@@ -47,6 +47,8 @@ def test_a_lost_pause_is_announced_again_with_a_new_token(
     assert isinstance(again, TurnInterrupted)
     assert again.snapshot_id == lost.snapshot_id
     assert again.resume_token and again.resume_token != lost.resume_token
+    assert line["resume_token"] == again.resume_token, "the terminal gets the token too"
+    assert f"--token {again.resume_token}" in sent.stderr
     assert again.interrupts == lost.interrupts and again.expires_at == lost.expires_at
 
     stale = dash.approve_all(lost)  # the old token

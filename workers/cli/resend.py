@@ -34,11 +34,13 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
     resume_token, for when its event was lost (a reader took it off its queue and
     died). The store keeps only a hash of each token, so the old one cannot be shown
     again: it stops working, and only the new event's token answers the pause. The
-    deadline, if any, stays what it was. Prints the new event's ids."""
+    deadline, if any, stays what it was. Prints the new event's ids and its
+    resume_token, which `interlock decide --token` takes."""
     from events.outbox import Outbox, OutboxRelay
     from events.publisher import RETRY_POLICY, Publisher
     from events.snapshot_events import event_for_snapshot
     from interlock.resume import check_resumable
+    from schemas import TurnInterrupted
 
     settings = shared_broker(settings_of(broker=broker, store=store))
     sql = read_store(settings.store_url)
@@ -50,7 +52,7 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
             raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found{where}")
         check_resumable(found)  # an open pause: interrupted, unclaimed, not expired
         event = event_for_snapshot(found)  # a new token; its hash set on `found`
-        assert event is not None and found.resume_token_hash is not None
+        assert isinstance(event, TurnInterrupted) and found.resume_token_hash is not None
         outbox = Outbox(sql)
         relay = OutboxRelay(outbox, Publisher(settings.connection()))
         try:
@@ -83,4 +85,16 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
             outbox.close()
     finally:
         sql.dispose()
-    emit({"resent": event.type, "snapshot_id": snapshot_id, "event_id": event.event_id})
+    emit(
+        {
+            "resent": event.type,
+            "snapshot_id": snapshot_id,
+            "event_id": event.event_id,
+            "resume_token": event.resume_token,
+        }
+    )
+    click.echo(
+        f"answer with `interlock decide {snapshot_id} --token {event.resume_token} --approve` "
+        "(or --deny, --respond JSON)",
+        err=True,
+    )

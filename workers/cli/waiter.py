@@ -12,7 +12,7 @@ import click
 
 from interlock import Status, StatusError
 
-from ..settings import NO_ANSWER_HINT, Settings
+from ..settings import DEFAULT_BROKER, DEFAULT_STORE, NO_ANSWER_HINT, Settings, redact_url
 from .base import PROGRESS_EVERY, Terminated, emit, error_line
 
 __all__ = ["Waiter"]
@@ -32,6 +32,7 @@ class Waiter:
 
         self.timeout = timeout
         self.keep = keep
+        self.flags = _flags(settings)
         self._kept: list[Any] = []
         self.connection = settings.connection()
         self.name = f"interlock.cli.{uuid.uuid4().hex[:12]}"
@@ -83,7 +84,8 @@ class Waiter:
         if event.type == "turn.interrupted":
             click.echo(
                 f"paused: answer with `interlock decide {event.snapshot_id} "
-                f"--token {event.resume_token} --approve` (or --deny, --respond JSON)",
+                f"--token {event.resume_token}{self.flags} --approve` (or --deny, "
+                "--respond JSON)",
                 err=True,
             )
         return event
@@ -143,3 +145,11 @@ class Waiter:
             "until it and its binding are removed (docs/operations.md, The command line)",
             err=True,
         )
+
+
+def _flags(settings: Settings) -> str:
+    """The `--broker`/`--store` a command's `decide` hint must repeat: those that are
+    not the defaults (passwords hidden: `decide` reads INTERLOCK_* as this command did)."""
+    given = [("--broker", settings.broker_url, DEFAULT_BROKER)]
+    given.append(("--store", settings.store_url, DEFAULT_STORE))
+    return "".join(f" {flag} {redact_url(url)}" for flag, url, default in given if url != default)
