@@ -77,6 +77,12 @@ def test_health_reads_the_store_url_as_the_store_does(tmp_path: Path, redis_url:
     assert down.returncode == 1, down.describe()
     [report] = down.json_lines()
     assert report["broker"] == "ok" and report["store"].startswith("error: ")
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    unreachable = run_cli("health", "--broker", nobody, "--store", store, timeout=60)
+    assert unreachable.returncode == 1, unreachable.describe()
+    [report] = unreachable.json_lines()
+    assert report["broker"].startswith("error: UNAVAILABLE: cannot reach the broker: "), report
+    assert report["store"] == "ok"
 
 
 def test_decide_wait_keeps_a_turn_event_that_comes_first(redis_url: str) -> None:

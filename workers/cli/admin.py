@@ -16,10 +16,10 @@ from interlock.stores.failures import first_line as one_line
 from ..settings import redact_url
 from .base import (
     broker_option,
-    broker_refusal,
     check_sqlite_folder,
     clear_errors,
     emit,
+    error_line,
     fail,
     main,
     missing_sqlite_file,
@@ -187,8 +187,8 @@ def health(
     except TopologyConflict as exc:
         report["broker"] = f"error: {Status.FAILED_PRECONDITION.value}: {exc}"
     except Exception as exc:
-        refusal = broker_refusal(exc)
-        said = one_line(exc) if refusal is None else f"{refusal[0].value}: {refusal[1]}"
+        known = error_line(exc)  # a refusal (UNAUTHENTICATED, ...) or an outage (UNAVAILABLE)
+        said = one_line(exc) if known is None else f"{known[0].value}: {known[1]}"
         report["broker"] = f"error: {said}"
     try:
         missing = missing_sqlite_file(settings.store_url)
