@@ -46,6 +46,10 @@ class BadAnswer(click.ClickException):
 
     exit_code = 2
 
+    def show(self, file: Any = None) -> None:
+        """One line in the form of every command's errors: `error: STATUS: message`."""
+        click.echo(f"error: {Status.INVALID_ARGUMENT.value}: {self.format_message()}", err=True)
+
 
 def piped_answer(line: str) -> bool:
     """The answer of a `line` read from a pipe: "y" or "yes" approves; "n", "no" or an
@@ -59,7 +63,7 @@ def piped_answer(line: str) -> bool:
         shown = value or "n (an empty line)"
         click.echo(f"  Approve this transfer? {shown} (read from standard input)")
         return value.startswith("y")
-    raise BadAnswer(f"answer y or n on standard input, not {value!r}")
+    raise BadAnswer(f"answer y (yes) or n (no) on standard input, not {value!r}")
 
 
 def confirm(question: str) -> bool:

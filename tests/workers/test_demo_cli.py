@@ -105,7 +105,10 @@ def test_demo_reads_the_answer_from_a_pipe(tmp_path: Path, piped: str, ends: str
 def test_demo_refuses_a_piped_answer_it_cannot_read(tmp_path: Path) -> None:
     result = run_cli("demo", "--in-process", cwd=tmp_path, timeout=60, stdin="maybe\n")
     assert result.returncode == 2, result.describe()
-    assert "Error: answer y or n on standard input, not 'maybe'" in result.stderr
+    assert (
+        "error: INVALID_ARGUMENT: answer y (yes) or n (no) on standard input, not 'maybe'"
+        in result.stderr
+    )
     assert "Usage:" not in result.stderr, "the flow ran up to the question: no usage banner"
 
 
