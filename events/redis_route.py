@@ -15,7 +15,7 @@ from typing import Any
 
 from kombu.transport.virtual import exchange as kombu_exchange
 
-__all__ = ["ROUTE", "TopicExchange", "topic_match"]
+__all__ = ["BOUND", "ROUTE", "TopicExchange", "topic_match"]
 
 ROUTE = r"""
 local function words(text)
@@ -55,6 +55,16 @@ local topic, rkey, body, sep, prefix = ARGV[1] == 'topic', ARGV[2], ARGV[3], ARG
 if string.find(rkey, '[%z\n]') then
   return -1
 end
+if KEYS[2] then
+  if ARGV[6] == 'restore' then
+    for i = 7, #ARGV do
+      redis.call('SADD', KEYS[1], ARGV[i])
+    end
+    redis.call('SET', KEYS[2], '1')
+  elseif redis.call('EXISTS', KEYS[2]) == 0 then
+    return -2
+  end
+end
 local key_words = words(rkey)
 local queues, seen = {}, {}
 for _, member in ipairs(redis.call('SMEMBERS', KEYS[1])) do
@@ -93,7 +103,16 @@ routing key, message, kombu's field separator, the key prefix of the queues
 (`global_keyprefix`; the client prefixes KEYS[1] itself). A topic binding stored with
 no pattern matches every key, as kombu's empty regex does. Returns how many queues
 got it, or -1 (nothing pushed) where kombu's own path must decide: a newline or NUL in
-the key (that path matches the same way: `TopicExchange`), a malformed binding."""
+the key (that path matches the same way: `TopicExchange`), a malformed binding.
+
+With KEYS[2], the exchange's mark (`BOUND`): where it is missing, the server has lost
+its keys (restarted empty) or never routed for this exchange, and the script returns -2,
+pushing nothing; called again with ARGV[6] = "restore" and the bindings the caller
+declared (ARGV[7...], stored as kombu stores them), it adds them, sets the mark, and
+routes."""
+
+BOUND = "_interlock.bound.%s"
+"""The mark, per exchange, that its bindings are in Redis (`ROUTE`'s KEYS[2])."""
 
 
 def topic_match(binding: str, routing_key: str) -> bool:

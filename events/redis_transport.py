@@ -63,7 +63,7 @@ from .redis_pop import (
     refused,
     rescue,
 )
-from .redis_route import ROUTE, TopicExchange
+from .redis_route import BOUND, ROUTE, TopicExchange
 
 __all__ = [
     "UNREADABLE",
@@ -149,14 +149,31 @@ class Channel(kombu_redis.Channel):
         return self.typeof(exchange).deliver(message, exchange, routing_key, **kwargs)
 
     def _route_in_one_trip(self, kind: str, exchange: str, routing_key: str, body: str) -> bool:
-        """Route and push with `ROUTE`; False when kombu's path must do it instead."""
+        """Route and push with `ROUTE`; False when kombu's path must do it instead.
+
+        A Redis that restarted empty has lost every binding, and until each process that
+        declared one declares it again, a publish reaches no queue: lost, as if nobody
+        were bound. `ROUTE` tells (the exchange's mark is gone), and this channel first
+        stores again the bindings declared through its connection (Interlock's workers,
+        resume consumers and commands declare all of Interlock's), then routes."""
         client = self._create_client()
         if self._route is None:
             self._route = client.register_script(ROUTE)
-        key = self.keyprefix_queue % (exchange,)
+        keys = [self.keyprefix_queue % (exchange,), BOUND % (exchange,)]
         args = [kind, routing_key, body, self.sep, self.global_keyprefix or ""]
         try:
-            pushed = self._route(keys=[key], args=args, client=client)
+            pushed = self._route(keys=keys, args=args, client=client)
+            if int(pushed) == -2:
+                known = self._declared_bindings(exchange)
+                if known:
+                    log.warning(
+                        "Redis holds no bindings of %s (restarted empty?): storing again "
+                        "the %d declared here",
+                        exchange,
+                        len(known),
+                    )
+                args += ["restore", *known]
+                pushed = self._route(keys=keys, args=args, client=client)
         except redis.exceptions.ResponseError as exc:
             if not refused(exc):
                 raise
@@ -166,6 +183,25 @@ class Channel(kombu_redis.Channel):
             )
             return False
         return int(pushed) >= 0
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        """kombu's, and the exchange's mark that its bindings are in Redis (`ROUTE`)."""
+        super()._queue_bind(exchange, routing_key, pattern, queue)
+        with self.conn_or_acquire() as client:
+            client.set(BOUND % (exchange,), "1")
+
+    def _declared_bindings(self, exchange: str) -> list[str]:
+        """The bindings to `exchange` declared through this connection, as kombu stores
+        them in Redis (`_queue_bind`)."""
+        kind = self.typeof(exchange)
+        return [
+            self.sep.join(
+                part or ""
+                for part in kind.prepare_bind(key.queue, exchange, key.routing_key, arguments)
+            )
+            for key, arguments in list(self.state.bindings.items())
+            if key.exchange == exchange
+        ]
 
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         no_ack = kwargs.get("no_ack", args[0] if args else False)

@@ -4,9 +4,11 @@ server-side script, topic bindings matching as on RabbitMQ."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from events.redis_route import ROUTE, topic_match
 from events.redis_transport import UNREADABLE, Channel, Transport, envelope, transport_for
 from events.topology import EVENTS
 from tests.queue_helpers import rabbitmq_vhost
+from tests.services import start_redis
 from workers.app import create_app
 from workers.runtime import Runtime
 from workers.settings import Settings
@@ -547,3 +550,52 @@ def test_a_channel_closing_after_its_connection_keeps_its_unacked_messages(
         raw.delete(queue.name)
     finally:
         raw.close()
+
+
+def test_bindings_lost_with_a_redis_restarted_empty_are_stored_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis that restarts with nothing kept has lost every binding: a publish before
+    the processes declare them again reached no queue, and the event was gone. A
+    channel's publish now finds the exchange's mark missing, stores again the bindings
+    declared through its connection, and then routes: `interlock.interrupted` gets the
+    event. A fresh Redis, where the declaration set the mark, warns of nothing."""
+    from events.publisher import declare
+
+    server = start_redis(tmp_path)
+    client = redis.Redis.from_url(server.url)
+    try:
+        with Connection(server.url, transport=Transport) as conn:
+            publisher = Publisher(conn)
+            publisher.publish_raw_event("turn.interrupted", json.dumps({"n": 1}))
+            assert client.llen("interlock.interrupted") == 1
+            assert not [r for r in caplog.records if r.levelname == "WARNING"]
+            server.restart()
+            assert client.exists("_kombu.binding.interlock.events") == 0, "lost"
+            publisher.publish_raw_event("turn.interrupted", json.dumps({"n": 2}))
+            assert client.llen("interlock.interrupted") == 1, "the event was routed"
+            [item] = client.lrange("interlock.interrupted", 0, -1)
+            assert json.loads(base64.b64decode(json.loads(item)["body"])) == {"n": 2}
+            assert "Redis holds no bindings of interlock.events" in caplog.text
+            # A direct exchange too: a task sent to interlock.turns (a resume enqueued).
+            turns = Exchange("interlock.turns", type="direct", durable=True)
+            conn.Producer().publish({"task": 1}, exchange=turns, routing_key="interlock.turns")
+            assert client.llen("interlock.turns") == 1
+            # A binding deleted on purpose while the mark stands is not stored again.
+            client.delete("_kombu.binding.interlock.events")
+            caplog.clear()
+            publisher.publish_raw_event("turn.interrupted", json.dumps({"n": 3}))
+            assert client.llen("interlock.interrupted") == 1
+            assert "Redis holds no bindings" not in caplog.text
+            # A process that declared nothing on that exchange restores nothing.
+            server.restart()
+            with Connection(server.url, transport=Transport) as other:
+                other.default_channel.basic_publish(
+                    other.default_channel.prepare_message("x"), "interlock.events", "turn.x"
+                )
+            assert client.exists("interlock.interrupted") == 0
+            declare(conn)  # as a worker does at start: the mark is set with the bindings
+            assert client.get("_interlock.bound.interlock.events") == b"1"
+    finally:
+        client.close()
+        server.stop()
