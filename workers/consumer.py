@@ -84,6 +84,7 @@ class ResumeConsumer(ConsumerMixin):
         self.handled = 0
         self.failing = 0  # decisions requeued in a row because the store or broker failed
         self._repeated = False  # the decision in hand was decided before: `_repeat`
+        self._settled = False  # ... and its resumed turn has run: nothing enqueued again
         self.gave_up: Exception | None = None
         # kombu inflates a compressed body before any check here: never past the limit.
         bound_decompression(MAX_DECISION_BYTES)
@@ -161,7 +162,7 @@ class ResumeConsumer(ConsumerMixin):
     def _process(self, message: KombuMessage, headers: dict[str, Any]) -> None:
         body = message.body
         outcome: EventBase | None = None
-        self._repeated = False
+        self._repeated = self._settled = False
         try:
             try:
                 outcome = self.handle(body, message.content_type, headers)
@@ -186,7 +187,7 @@ class ResumeConsumer(ConsumerMixin):
         self.failing = 0
         self.handled += 1
         if outcome is not None:  # logged once it is settled: a log never requeues it
-            _log_outcome(outcome, repeated=self._repeated)
+            _log_outcome(outcome, repeated=self._repeated, settled=self._settled)
 
     def unprocessable(self, body: bytes | str, headers: dict[str, Any], exc: Exception) -> None:
         """Dead-letter a message that raised, and reject it (INTERNAL), recorded as its
@@ -334,6 +335,7 @@ class ResumeConsumer(ConsumerMixin):
                 decision.decision_id,
                 decision.snapshot_id,
             )
+            self._settled = True
             return
         self._enqueue(resume_request(decision, snapshot))
 
@@ -366,17 +368,20 @@ class ResumeConsumer(ConsumerMixin):
         return event
 
 
-def _log_outcome(event: EventBase, *, repeated: bool = False) -> None:
+def _log_outcome(event: EventBase, *, repeated: bool = False, settled: bool = False) -> None:
     """One line per decision handled, for the operator: what became of it (`repeated`:
-    a decision_id decided before, whose first outcome went out again)."""
+    a decision_id decided before, whose first outcome went out again; `settled`: and
+    whose resumed turn has run, so it is not enqueued again)."""
     again = " again (decided before)" if repeated else ""
     if isinstance(event, DecisionAccepted):
         log.info(
-            "decision %s accepted%s: snapshot %s resumes as turn %s",
+            "decision %s accepted%s: snapshot %s %s turn %s%s",
             event.decision_id,
             again,
             event.snapshot_id,
+            "resumed as" if settled else "resumes as",
             event.turn_id,
+            ", which has run" if settled else "",
         )
     elif isinstance(event, DecisionRejected):
         log.info(

@@ -491,3 +491,15 @@ def test_each_decision_read_leaves_one_line_in_the_log(
         f"{body['snapshot_id']} resumes as turn {request['turn_id']}",
     ], lines
     assert consumer.handled == 5
+    # Its resumed turn failed and gave the pause back: sent again, the decision's outcome
+    # goes out again, and the line says that the turn has run (nothing enqueued).
+    rig.rt.store.release(body["snapshot_id"], body["decision_id"])
+    caplog.clear()
+    rig.rt.publisher.publish_decision(json.dumps(body))
+    with caplog.at_level(logging.INFO, logger="interlock.consumer"):
+        consumer.on_message(rig.decisions.get(timeout=10))
+    assert rig.enqueued() == []
+    assert [r.getMessage() for r in caplog.records if r.name == "interlock.consumer"][-1] == (
+        f"decision {body['decision_id']} accepted again (decided before): snapshot "
+        f"{body['snapshot_id']} resumed as turn {request['turn_id']}, which has run"
+    )
