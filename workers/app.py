@@ -87,7 +87,10 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
                 # Not the turn's answer (run_task answers a turn's own failures): an
                 # error taking, ending or recording the turn. Retried as a store failure
                 # is, then kept on interlock.turns.dead: Celery would ack and drop it.
-                log.exception("turn task %s: unexpected %s", self.request.id, type(exc).__name__)
+                log.exception(
+                    "turn %s (task %s): unexpected %s",
+                    _turn_id(args, kwargs), self.request.id, type(exc).__name__,
+                )  # fmt: skip
             tries = int(self.request.retries or 0)
             burst = burst_idle() is not None  # a batch job gives up sooner
             limit = BURST_CONNECT_RETRIES if burst else STORE_RETRIES
@@ -97,8 +100,9 @@ def create_app(settings: Settings, registry: Interlock | None = None) -> Celery:
                 return _keep_dead(runtime, args, kwargs, exc, tries)
             countdown = get_exponential_backoff_interval(1, tries, 30, full_jitter=True)
             log.warning(
-                "turn task %s: %s: %s; trying again in %.0f s (retry %d of %d)",
-                self.request.id, type(exc).__name__, one_line(exc), countdown, tries + 1, limit,
+                "turn %s (task %s): %s: %s; trying again in %.0f s (retry %d of %d)",
+                _turn_id(args, kwargs), self.request.id, type(exc).__name__, one_line(exc),
+                countdown, tries + 1, limit,
             )  # fmt: skip
             _again(self, exc, countdown)
 

@@ -280,6 +280,7 @@ def test_a_burst_worker_whose_store_fails_while_it_serves_requeues_the_turn_and_
     lines = worker.output().splitlines()
     said = [line for line in lines if line.startswith("error: UNAVAILABLE:")]
     assert "(retry 3 of 3)" in worker.output(), worker.tail()
+    assert f"turn {turn['turn_id']} (task " in worker.output(), "retries name the turn"
     assert said == [
         f"error: UNAVAILABLE: the store or broker failed {BURST_CONNECT_RETRIES + 1} times in "
         "a row: OperationalError: unable to open database file "
