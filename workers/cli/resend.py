@@ -58,7 +58,10 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
         try:
             # The broker first: one that cannot be reached ends the command before the
             # token is replaced (nothing changed; run it again later).
-            relay.publisher.connection.ensure_connection(**RETRY_POLICY)
+            # About two seconds of tries, as `submit` and `decide` wait: no outage.
+            relay.publisher.connection.ensure_connection(
+                **{**RETRY_POLICY, "max_retries": 3, "interval_max": 1.0}
+            )
             with sql.writer().begin() as conn:
                 if not sql.replace_token_hash_in(conn, snapshot_id, found.resume_token_hash):
                     raise StatusError(
