@@ -231,6 +231,7 @@ def test_decide_with_a_wrong_token_is_rejected_by_the_consumer(
         "--store", stack.store_url, "--broker", stack.broker_url,
     )  # fmt: skip
     assert decided.returncode == 0, decided.describe()  # published; the consumer decides
+    assert "sent: the resume consumer checks it" in decided.stderr, "and says so"
     [out] = decided.json_lines()
     rejected = dash.outcome(out["decision_id"])
     assert rejected.type == "decision.rejected"

@@ -458,6 +458,11 @@ def decide(
             Publisher(conn, timeout=timeout).publish_decision(decision)
         emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
         if waiter is None:
+            click.echo(
+                "sent: the resume consumer checks it and publishes decision.accepted or "
+                "decision.rejected (--wait shows which)",
+                err=True,
+            )
             return
         outcome = waiter.next(
             f"the outcome of decision {decision_id}",
