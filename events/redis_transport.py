@@ -159,7 +159,9 @@ class Channel(kombu_redis.Channel):
         client = self._create_client()
         if self._route is None:
             self._route = client.register_script(ROUTE)
-        keys = [self.keyprefix_queue % (exchange,), BOUND % (exchange,)]
+        # A `global_keyprefix` client prefixes the first key of a script only.
+        mark = (self.global_keyprefix or "") + BOUND % (exchange,)
+        keys = [self.keyprefix_queue % (exchange,), mark]
         args = [kind, routing_key, body, self.sep, self.global_keyprefix or ""]
         try:
             pushed = self._route(keys=keys, args=args, client=client)

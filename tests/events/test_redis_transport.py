@@ -414,9 +414,12 @@ def _kombu_topic_match_stored(pattern: str, routing_key: str) -> bool:
 
 
 @pytest.mark.parametrize("transport", [Transport, "redis"])
-def test_a_global_key_prefix_applies_to_the_queues(redis_url: str, transport: Any) -> None:
+def test_a_global_key_prefix_applies_to_the_queues(
+    redis_url: str, transport: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     """With `global_keyprefix` every key kombu touches is prefixed: the bindings the
-    script reads and the queues it pushes to, as consumers read them."""
+    script reads, the exchange's mark, and the queues it pushes to, as consumers read
+    them."""
     tag = uuid.uuid4().hex
     exchange = Exchange(f"test.topic.{tag}", type="topic")
     options = {"global_keyprefix": f"pfx{tag[:6]}:"}
@@ -427,7 +430,12 @@ def test_a_global_key_prefix_applies_to_the_queues(redis_url: str, transport: An
         message = queue.get(no_ack=True)
         queue.delete()
     assert message is not None and message.payload == {"n": 7}
-    assert redis.Redis.from_url(redis_url).exists(f"test.q.{tag}") == 0
+    client = redis.Redis.from_url(redis_url)
+    assert client.exists(f"test.q.{tag}") == 0
+    assert client.exists(f"_interlock.bound.test.topic.{tag}") == 0
+    if transport is Transport:
+        assert client.get(f"pfx{tag[:6]}:_interlock.bound.test.topic.{tag}") == b"1"
+        assert "Redis holds no bindings" not in caplog.text, "the mark was found"
 
 
 def test_other_script_errors_are_raised_and_keep_the_script(redis_url: str) -> None:
