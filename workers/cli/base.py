@@ -301,6 +301,13 @@ store_option = click.option(
     envvar="INTERLOCK_STORE_URL",
     help="Store URL (sqlite:///..., postgresql+psycopg://...). [env: INTERLOCK_STORE_URL; default sqlite:///interlock.db]",
 )
+unused_store_option = click.option(
+    "--store",
+    envvar="INTERLOCK_STORE_URL",
+    hidden=True,
+    help="Not used: the workers store the turns. Accepted, so that one set of flags "
+    "serves every command.",
+)
 
 
 def unused(flag: str) -> Callable[[F], F]:

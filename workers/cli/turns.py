@@ -30,6 +30,7 @@ from .base import (
     terminable,
     timeout_option,
     unused,
+    unused_store_option,
     wait_option,
 )
 from .waiter import Waiter
@@ -60,7 +61,7 @@ def login_name() -> str | None:
 @main.command(short_help="Enqueue a turn (or a file of them).")
 @app_option
 @broker_option
-@unused("--store")  # the workers store the turns
+@unused_store_option
 @click.option("--agent", "agent_name", required=True, help="Agent name in the registry.")
 @click.option("--text", help="The user's message (or give --file).")
 @click.option(
@@ -81,6 +82,7 @@ def login_name() -> str | None:
 def submit(
     app: str | None,
     broker: str | None,
+    store: str | None,
     agent_name: str,
     text: str | None,
     turn_file: TextIO | None,
@@ -117,7 +119,7 @@ def submit(
         assert text is not None
         _check_sendable(text, session_id)
         turns = [FileTurn(0, text, session_id)]
-    settings = shared_broker(settings_of(app, broker))
+    settings = shared_broker(settings_of(app, broker, store))
     celery_app = create_app(settings)
     runtime_of(celery_app).registry.lookup_agent(agent_name)
     waiter = Waiter(settings, timeout) if wait else None
