@@ -305,8 +305,8 @@ unused_store_option = click.option(
     "--store",
     envvar="INTERLOCK_STORE_URL",
     hidden=True,
-    help="Not used: the workers store the turns. Accepted, so that one set of flags "
-    "serves every command.",
+    help="Not listed: the workers store the turns. Accepted, so that one set of flags "
+    "serves every command; --wait's decide hint repeats it.",
 )
 
 

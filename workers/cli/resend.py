@@ -21,6 +21,7 @@ from .base import (
     store_tables,
     unused,
 )
+from .waiter import decide_hint
 
 
 @main.command(short_help="Announce an open interrupt again, with a new token.")
@@ -52,7 +53,8 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
             raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found{where}")
         check_resumable(found)  # an open pause: interrupted, unclaimed, not expired
         event = event_for_snapshot(found)  # a new token; its hash set on `found`
-        assert isinstance(event, TurnInterrupted) and found.resume_token_hash is not None
+        assert isinstance(event, TurnInterrupted) and event.resume_token is not None
+        assert found.resume_token_hash is not None
         outbox = Outbox(sql)
         relay = OutboxRelay(outbox, Publisher(settings.connection()))
         try:
@@ -96,8 +98,4 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
             "resume_token": event.resume_token,
         }
     )
-    click.echo(
-        f"answer with `interlock decide {snapshot_id} --token {event.resume_token} --approve` "
-        "(or --deny, --respond JSON)",
-        err=True,
-    )
+    click.echo(decide_hint(settings, snapshot_id, event.resume_token), err=True)

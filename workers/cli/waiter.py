@@ -15,7 +15,7 @@ from interlock import Status, StatusError
 from ..settings import DEFAULT_BROKER, DEFAULT_STORE, NO_ANSWER_HINT, Settings, redact_url
 from .base import PROGRESS_EVERY, Terminated, emit, error_line
 
-__all__ = ["Waiter"]
+__all__ = ["Waiter", "decide_hint"]
 
 
 class Waiter:
@@ -32,7 +32,7 @@ class Waiter:
 
         self.timeout = timeout
         self.keep = keep
-        self.flags = _flags(settings)
+        self.settings = settings
         self._kept: list[Any] = []
         self.connection = settings.connection()
         self.name = f"interlock.cli.{uuid.uuid4().hex[:12]}"
@@ -83,9 +83,7 @@ class Waiter:
             raise StatusError(event.error.status, f"turn failed: {event.error.message}")
         if event.type == "turn.interrupted":
             click.echo(
-                f"paused: answer with `interlock decide {event.snapshot_id} "
-                f"--token {event.resume_token}{self.flags} --approve` (or --deny, "
-                "--respond JSON)",
+                "paused: " + decide_hint(self.settings, event.snapshot_id, event.resume_token),
                 err=True,
             )
         return event
@@ -147,9 +145,14 @@ class Waiter:
         )
 
 
-def _flags(settings: Settings) -> str:
-    """The `--broker`/`--store` a command's `decide` hint must repeat: those that are
-    not the defaults (passwords hidden: `decide` reads INTERLOCK_* as this command did)."""
+def decide_hint(settings: Settings, snapshot_id: str, token: str) -> str:
+    """How to answer a pause from the command line, with the `--broker`/`--store` that
+    are not the defaults (passwords hidden; `decide` reads INTERLOCK_* as this command
+    did), so that it runs as pasted."""
     given = [("--broker", settings.broker_url, DEFAULT_BROKER)]
     given.append(("--store", settings.store_url, DEFAULT_STORE))
-    return "".join(f" {flag} {redact_url(url)}" for flag, url, default in given if url != default)
+    flags = "".join(f" {flag} {redact_url(url)}" for flag, url, default in given if url != default)
+    return (
+        f"answer with `interlock decide {snapshot_id} --token {token}{flags} --approve` "
+        "(or --deny, --respond JSON)"
+    )
