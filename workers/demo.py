@@ -271,6 +271,7 @@ def run_on_queues(
             _hop(f"✘  {event.type}{said}")
         ended = {
             "type": event.type,
+            "finish_reason": result.get("finish_reason"),
             "session_id": session_id,
             "snapshot_id": event.snapshot_id,
             "text": _text(result),

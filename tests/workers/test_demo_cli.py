@@ -57,6 +57,8 @@ def test_demo_approve_runs_end_to_end_with_no_server(
     assert result.returncode == 0, result.describe()
     [line] = result.json_lines()
     assert line["type"] == "turn.completed", result.describe()
+    assert list(line) == ["type", "finish_reason", "session_id", "snapshot_id", "text"]
+    assert line["finish_reason"] == "stop"
     assert line["text"].startswith("Done: transferred $500.00 to savings, transaction txn-")
     # every hop is shown: the pause, the human's answer, the resume
     for hop in ("turn.interrupted", "Transfer $500.00 to savings", "decision.accepted"):
@@ -79,6 +81,9 @@ def test_demo_in_process(demo_runs: dict[str, tuple[CliResult, Path]]) -> None:
     assert result.returncode == 0, result.describe()
     [line] = result.json_lines()
     assert line["finish_reason"] == "stop", result.describe()
+    # One shape, in process or through the queues
+    assert list(line) == ["type", "finish_reason", "session_id", "snapshot_id", "text"]
+    assert line["type"] == "turn.completed" and line["snapshot_id"] and line["session_id"]
     assert line["text"].startswith("Done: transferred $500.00 to savings, transaction txn-")
 
 

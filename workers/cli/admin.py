@@ -103,7 +103,15 @@ def demo(
     decide_fn = ask_human(True if approve else False if deny else None)
     if in_process:
         out = run_in_process(text, decide_fn, model=model)
-        emit({"finish_reason": out.finish_reason.value, "text": out.text})
+        emit(  # the shape of the queued demo's last line
+            {
+                "type": "turn.completed",
+                "finish_reason": out.finish_reason.value,
+                "session_id": out.session_id,
+                "snapshot_id": out.snapshot_id,
+                "text": out.text,
+            }
+        )
         return
     result = run_on_queues(
         text, decide_fn, broker=broker, store=store, timeout=timeout, model=model
