@@ -398,14 +398,13 @@ class Agent:
                 Status.FAILED_PRECONDITION,
                 "a resume needs the paused turn: pass the state of the interrupted output",
             )
-        if base.snapshot is None:  # a new session (rule 1: nothing in its history)
+        if base.snapshot is None:  # a new session: rule 1 refuses every answer
             try:
-                plan_resume([], resume, self.tool_map, self.middleware)
+                return plan_resume([], resume, self.tool_map, self.middleware)
             except ResumeValidationError as exc:
                 raise ResumeValidationError(
                     exc.status, f"{exc.message} (session {base.session_id} has no paused turn)"
                 ) from None
-            raise AssertionError("a resume matched an empty history")  # pragma: no cover
         # A snapshot that did not pause has nothing pending: the parts refuse the resume
         # (a ref from an earlier turn, or one not found), as rule 1 says.
         check_resumable(base.snapshot, claimed_by, interrupted=False)

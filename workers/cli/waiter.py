@@ -149,8 +149,10 @@ def decide_hint(settings: Settings, snapshot_id: str, token: str) -> str:
     """How to answer a pause from the command line, with the `--broker`/`--store` that
     are not the defaults (passwords hidden; `decide` reads INTERLOCK_* as this command
     did), so that it runs as pasted."""
-    given = [("--broker", settings.broker_url, DEFAULT_BROKER)]
-    given.append(("--store", settings.store_url, DEFAULT_STORE))
+    given = (
+        ("--broker", settings.broker_url, DEFAULT_BROKER),
+        ("--store", settings.store_url, DEFAULT_STORE),
+    )
     flags = "".join(f" {flag} {redact_url(url)}" for flag, url, default in given if url != default)
     return (
         f"answer with `interlock decide {snapshot_id} --token {token}{flags} --approve` "
