@@ -26,7 +26,7 @@ from events.stream import EventStream
 from interlock import SqlSessionStore
 from schemas import EventBase, FinishReason, TurnCompleted
 from tests.queue_helpers import AGENT, APP, child_env, interlock_bin, run_cli
-from tests.services import RedisServer, start_redis
+from tests.services import RedisServer, eventually, start_redis
 from workers.settings import Settings
 
 BINDINGS = "_kombu.binding.interlock.events"
@@ -329,6 +329,8 @@ def test_a_queue_left_by_a_broker_gone_away_is_said_and_goes_as_the_docs_say(
     assert proc.stdout is not None and proc.stderr is not None
     assert b'"turn_id"' in proc.stdout.readline()
     assert b"waiting for turn" in proc.stderr.readline()
+    # The command is waiting on its queue once its reading list is in the registry.
+    eventually(lambda: client(server).zcard("_interlock.readers"), "reader registered")
     server.stop()
     _, err = finish(proc)
     assert proc.returncode == 1, err
