@@ -217,7 +217,7 @@ def test_a_burst_process_whose_store_is_no_database_exits_unavailable_keeping_it
     result = run_cli(command, "--burst", *flags, *extra, timeout=60)
     assert result.returncode == 1, result.describe()
     assert result.stderr.splitlines()[-1] == (
-        "error: UNAVAILABLE: cannot use the store: file is not a database"
+        f"error: UNAVAILABLE: cannot use the store: file is not a database (sqlite:///{wrong})"
     ), result.describe()
     assert "Traceback" not in result.stderr + result.stdout, result.describe()
     with batch.conn.channel() as channel:

@@ -334,7 +334,7 @@ def test_a_store_that_is_no_database_is_one_line_for_every_command_that_reads_it
         result = run_cli(*args, *store)
         assert result.returncode == 1, result.describe()
         assert result.stderr.strip() == (
-            "error: UNAVAILABLE: cannot use the store: file is not a database"
+            f"error: UNAVAILABLE: cannot use the store: file is not a database (sqlite:///{wrong})"
         ), result.describe()
     assert wrong.read_bytes() == b"no database here\n" * 100
 

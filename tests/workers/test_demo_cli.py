@@ -128,7 +128,10 @@ def test_demo_refuses_approve_and_deny_together(tmp_path: Path) -> None:
     ("store", "said"),
     [
         ("sqlite:///:memory:", "INVALID_ARGUMENT: the store sqlite:///:memory: is a SQLite"),
-        ("sqlite:///{tmp}/junk.db", "UNAVAILABLE: cannot use the store: file is not a database"),
+        (
+            "sqlite:///{tmp}/junk.db",
+            "UNAVAILABLE: cannot use the store: file is not a database (sqlite:///{tmp}/junk.db)",
+        ),
         ("sqlite:///{tmp}/nodir/x.db", "NOT_FOUND: no folder {tmp}/nodir for the store"),
     ],
     ids=["in-memory", "no-database", "no-folder"],

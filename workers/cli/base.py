@@ -205,11 +205,22 @@ def unreachable(exc: Exception) -> str | None:
         return f"cannot reach the broker: {exc}"
     if isinstance(exc, DBAPIError):
         first = one_line(exc)
+        where = "" if _STORE_IN_USE.url is None else f" ({redact_url(_STORE_IN_USE.url)})"
         if isinstance(exc, StoreError):
-            return f"cannot reach the store: {first}"
+            return f"cannot reach the store: {first}{where}"
         # A file that is no database, tables of another program: the store is unusable.
-        return f"cannot use the store: {first}"
+        return f"cannot use the store: {first}{where}"
     return None
+
+
+class _StoreInUse:
+    """The store URL of this process's command, once its settings are read: a store's
+    error names no URL of its own, and the one-line error should say which store."""
+
+    url: str | None = None
+
+
+_STORE_IN_USE = _StoreInUse()
 
 
 def store_read(read: Callable[[], T]) -> T:
@@ -323,9 +334,17 @@ def unused(flag: str) -> Callable[[F], F]:
 
 
 def settings_of(
-    app: str | None = None, broker: str | None = None, store: str | None = None
+    app: str | None = None,
+    broker: str | None = None,
+    store: str | None = None,
+    heartbeat_file: str | None = None,
 ) -> Settings:
-    return Settings.from_env(app=app, broker_url=broker, store_url=store)
+    """The settings of a command: the environment's, its flags (non-None) winning."""
+    settings = Settings.from_env(
+        app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+    )
+    _STORE_IN_USE.url = settings.store_url
+    return settings
 
 
 def shared_broker(settings: Settings) -> Settings:

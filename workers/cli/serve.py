@@ -23,6 +23,7 @@ from .base import (
     idle_option,
     main,
     reach_store,
+    settings_of,
     shared_broker,
     shared_store,
     store_option,
@@ -89,13 +90,7 @@ def worker(
     from ..burst import BURST_ENV
     from ..loader import load_registry
 
-    settings = shared_store(
-        shared_broker(
-            Settings.from_env(
-                app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
-            )
-        )
-    )
+    settings = shared_store(shared_broker(settings_of(app, broker, store, heartbeat_file)))
     load_registry(settings.app)  # fail here, clearly, rather than inside Celery
     if burst:  # a batch job: no broker or store, one line (UNAVAILABLE), turns kept queued
         _reach_broker(settings)
@@ -226,13 +221,7 @@ def resume_consumer(
     from ..maintenance import Maintenance
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = shared_store(
-        shared_broker(
-            Settings.from_env(
-                app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
-            )
-        )
-    )
+    settings = shared_store(shared_broker(settings_of(app, broker, store, heartbeat_file)))
     celery_app = create_app(settings)
     consumer = ResumeConsumer(celery_app, heartbeat_file=settings.heartbeat_file)
     rt = consumer.rt
