@@ -112,6 +112,8 @@ class Turn:
             response: Part | None = None
             if "pendingOutput" in meta:
                 response = _response(req.name, req.ref, meta["pendingOutput"], "pending")
+                if "pendingMetadata" in meta:  # an answer kept across a re-pause
+                    response = response.model_copy(update={"metadata": meta["pendingMetadata"]})
             elif "interrupt" in meta and req.ref is not None and req.ref in answers:
                 answer = answers[req.ref]
                 meta["resolvedInterrupt"] = meta.pop("interrupt")
@@ -127,7 +129,11 @@ class Turn:
                         response = _response(req.name, req.ref, outcome.output, "restart")
             if response is not None and response.tool_response is not None:
                 responses.append(response)
-                meta["pendingOutput"] = response.tool_response.output  # kept if we re-pause
+                # Kept if we re-pause; an answer also keeps its marks (`interruptResponse`,
+                # `source: "restart"`), so the tool message says how the output came.
+                meta["pendingOutput"] = response.tool_response.output
+                if response.metadata and "pendingOutput" not in (part.metadata or {}):
+                    meta["pendingMetadata"] = response.metadata
             parts.append(part.model_copy(update={"metadata": meta or None}))
 
         if repaused:
@@ -376,8 +382,11 @@ def _is_plain_json(value: Any) -> bool:
     return False
 
 
+_PENDING_KEYS = frozenset({"pendingOutput", "pendingMetadata"})
+
+
 def _without_pending(part: Part) -> Part:
     if not part.metadata or "pendingOutput" not in part.metadata:
         return part
-    meta = {k: v for k, v in part.metadata.items() if k != "pendingOutput"}
+    meta = {k: v for k, v in part.metadata.items() if k not in _PENDING_KEYS}
     return part.model_copy(update={"metadata": meta or None})

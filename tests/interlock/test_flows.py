@@ -473,6 +473,15 @@ def test_repause_keeps_other_answers() -> None:
     )
     assert final.text == 'results: [{"value": 100}, {"value": 2}]'
     assert len(runs) == 4
+    # The tool message says how each output came: x's from the answer given before the
+    # re-pause (its respond mark kept), y's from its restart.
+    snap = agent.store.get_snapshot(final.snapshot_id or "") if agent.store else None
+    assert snap is not None
+    tool = [m for m in snap.messages if m.role == "tool"][-1]
+    marks = [(p.tool_response.ref, p.metadata) for p in tool.content if p.tool_response]
+    assert marks == [("x", {"interruptResponse": True}), ("y", {"source": "restart"})]
+    requests = [p for m in snap.messages if m.role == "model" for p in m.content if p.tool_request]
+    assert not any({"pendingOutput", "pendingMetadata"} & set(p.metadata or {}) for p in requests)
 
 
 # -- completed calls beside an interrupt run once --------------------------------------------
