@@ -72,6 +72,7 @@ def test_wrong_resume_token_is_permission_denied(dash: Dashboard) -> None:
     body = decision(paused.snapshot_id, "not-the-token", restart=restart_all(paused))
     event = rejected(dash, body, Status.PERMISSION_DENIED, "resume_token")
     assert (event.snapshot_id, event.decision_id) == (paused.snapshot_id, body["decision_id"])
+    assert (event.agent, event.session_id) == ("bankingAgent", paused.session_id)
     missing = decision(paused.snapshot_id, None, restart=restart_all(paused))
     missing.pop("resume_token")
     rejected(
@@ -199,6 +200,7 @@ def test_unknown_snapshot_is_not_found(dash: Dashboard) -> None:
     body = decision(f"no-such-snapshot-{uuid.uuid4()}", "token", restart=[])
     event = rejected(dash, body, Status.NOT_FOUND)
     assert event.snapshot_id == body["snapshot_id"]
+    assert (event.agent, event.session_id) == (None, None), "no snapshot: neither is known"
 
 
 def test_a_snapshot_that_did_not_pause_is_failed_precondition(dash: Dashboard) -> None:
@@ -493,6 +495,53 @@ def test_a_bare_decision_pushed_onto_the_list_is_read(dash: Dashboard, stack: Qu
     assert accepted.type == "decision.accepted", accepted.model_dump_json()
     done = dash.resumed_turn(accepted)
     assert done.type == "turn.completed", done.model_dump_json()
+
+
+def test_a_ref_in_both_lists_is_answered_by_its_respond_entry(dash: Dashboard) -> None:
+    """docs/queues.md (semantics rule 5): respond wins; the decision is accepted, the
+    restart entry dropped: the approval in it is not applied."""
+    paused = dash.paused("Transfer $30 to both-lists")
+    declined = [
+        {"name": i.name, "ref": i.ref, "output": {"success": False}} for i in paused.interrupts
+    ]
+    body = decision(
+        paused.snapshot_id, paused.resume_token, restart=restart_all(paused), respond=declined
+    )
+    dash.publish_json(body)
+    accepted = dash.outcome(body["decision_id"])
+    assert accepted.type == "decision.accepted", accepted.model_dump_json()
+    done = dash.resumed_turn(accepted)
+    assert done.type == "turn.completed", done.model_dump_json()
+    assert "declined" in done.message.text, done.model_dump_json()  # type: ignore[attr-defined]
+    assert "txn-" not in done.message.text  # type: ignore[attr-defined]
+
+
+def test_the_smallest_envelope_the_docs_allow_is_read(dash: Dashboard, stack: QueueStack) -> None:
+    """docs/queues.md: of a kombu envelope only `body` and `properties.delivery_tag` are
+    required, and without `body_encoding` the body is the JSON text itself."""
+    paused = dash.paused("Transfer $28 to small-envelope")
+    body = decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused))
+    item = {"body": json.dumps(body), "properties": {"delivery_tag": str(uuid.uuid4())}}
+    push_item(stack, json.dumps(item))
+    accepted = dash.outcome(body["decision_id"])
+    assert accepted.type == "decision.accepted", accepted.model_dump_json()
+    done = dash.resumed_turn(accepted)
+    assert done.type == "turn.completed", done.model_dump_json()
+
+
+def test_an_envelope_with_null_headers_is_no_message(dash: Dashboard, stack: QueueStack) -> None:
+    """docs/queues.md: `headers`, when given, must be an object."""
+    paused = dash.paused("Transfer $29 to null-headers")
+    body = decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused))
+    properties = {"delivery_tag": str(uuid.uuid4()), "body_encoding": "base64"}
+    encoded = base64.b64encode(json.dumps(body).encode()).decode()
+    push_item(stack, json.dumps({"body": encoded, "headers": None, "properties": properties}))
+    event = dash.wait(
+        lambda e: e.type == "decision.rejected" and "headers are not an object" in str(e.error),
+        "decision.rejected naming the headers",
+    )
+    assert event.model_dump(mode="json")["error"]["status"] == "INVALID_ARGUMENT"
+    still_answerable(dash, paused)
 
 
 DEEP = "[" * 100_000 + "]" * 100_000
