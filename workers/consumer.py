@@ -37,6 +37,7 @@ from schemas import (
 from .app import runtime_of, send_turn
 from .decisions import (
     ParseFailure,
+    answered_in_both,
     evaluate,
     lenient_failure,
     parse_decision,
@@ -250,6 +251,14 @@ class ResumeConsumer(ConsumerMixin):
         except StatusError as exc:
             return self._reject(decision, raw, snapshot, exc)
         assert snapshot is not None  # evaluate refuses a missing snapshot
+        both = answered_in_both(decision)
+        if both:
+            log.warning(
+                "decision %s answers %s in both respond and restart: the respond entry "
+                "answers it, the restart entry is dropped",
+                decision.decision_id,
+                ", ".join(both),
+            )
         return self._accept(decision, raw, snapshot, request)
 
     def _accept(

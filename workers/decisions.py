@@ -296,6 +296,21 @@ def to_tool_resume(decision: Decision, snapshot: Snapshot) -> ToolResume:
     return ToolResume(respond=responds, restart=restarts)
 
 
+def answered_in_both(decision: Decision) -> list[str]:
+    """The refs that both `respond` and `restart` answer: `respond` wins (semantics rule
+    5) and the restart entry is dropped, which a client may not have meant."""
+    restarted = {_entry_ref(e) for e in decision.restart}
+    both = [ref for ref in map(_entry_ref, decision.respond) if ref in restarted]
+    return [ref for ref in dict.fromkeys(both) if ref is not None]
+
+
+def _entry_ref(entry: RespondEntry | RestartEntry | Part) -> str | None:
+    if isinstance(entry, RespondEntry | RestartEntry):
+        return entry.ref
+    call = entry.tool_request or entry.tool_response
+    return None if call is None else call.ref
+
+
 def _restart_part(entry: RestartEntry, inputs: dict[str | None, Any]) -> Part:
     given = entry.input if entry.has_input else inputs.get(entry.ref)
     return Part(

@@ -25,6 +25,7 @@ from tests.queue_helpers import (
     decision,
     module_stack,
 )
+from tests.services import eventually
 
 
 @pytest.fixture(scope="module")
@@ -497,9 +498,12 @@ def test_a_bare_decision_pushed_onto_the_list_is_read(dash: Dashboard, stack: Qu
     assert done.type == "turn.completed", done.model_dump_json()
 
 
-def test_a_ref_in_both_lists_is_answered_by_its_respond_entry(dash: Dashboard) -> None:
+def test_a_ref_in_both_lists_is_answered_by_its_respond_entry(
+    dash: Dashboard, stack: QueueStack
+) -> None:
     """docs/queues.md (semantics rule 5): respond wins; the decision is accepted, the
-    restart entry dropped: the approval in it is not applied."""
+    restart entry dropped: the approval in it is not applied. The consumer's log says so,
+    for the operator of a client that did not mean it."""
     paused = dash.paused("Transfer $30 to both-lists")
     declined = [
         {"name": i.name, "ref": i.ref, "output": {"success": False}} for i in paused.interrupts
@@ -514,6 +518,9 @@ def test_a_ref_in_both_lists_is_answered_by_its_respond_entry(dash: Dashboard) -
     assert done.type == "turn.completed", done.model_dump_json()
     assert "declined" in done.message.text, done.model_dump_json()  # type: ignore[attr-defined]
     assert "txn-" not in done.message.text  # type: ignore[attr-defined]
+    refs = ", ".join(i.ref for i in paused.interrupts)
+    said = f"decision {body['decision_id']} answers {refs} in both respond and restart"
+    eventually(lambda: said in stack.logs(20_000), "the consumer's warning")
 
 
 def test_the_smallest_envelope_the_docs_allow_is_read(dash: Dashboard, stack: QueueStack) -> None:
@@ -537,7 +544,7 @@ def test_an_envelope_with_null_headers_is_no_message(dash: Dashboard, stack: Que
     encoded = base64.b64encode(json.dumps(body).encode()).decode()
     push_item(stack, json.dumps({"body": encoded, "headers": None, "properties": properties}))
     event = dash.wait(
-        lambda e: e.type == "decision.rejected" and "headers are not an object" in str(e.error),
+        lambda e: e.type == "decision.rejected" and "headers are not" in e.model_dump_json(),
         "decision.rejected naming the headers",
     )
     assert event.model_dump(mode="json")["error"]["status"] == "INVALID_ARGUMENT"
