@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from examples.banking import TransferOutput, bankingAgent, transferMoney
@@ -41,6 +42,9 @@ _PACKAGES = (
     "langchain-core",
     "pydantic-ai-slim",
 )
+
+
+_ROOT = Path(__file__).resolve().parent.parent
 
 
 def versions() -> dict[str, str | None]:
@@ -115,6 +119,30 @@ def summarize(latencies_s: Sequence[float]) -> dict[str, float | int]:
         "median_ms": round(percentile(ordered, 50) * 1000, 3),
         "p99_ms": round(percentile(ordered, 99) * 1000, 3),
     }
+
+
+def git_state() -> str | None:
+    """The commit measured, with "+dirty" when the work tree has changes."""
+    import subprocess
+
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(_ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def emit(figures: dict[str, Any]) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 from interlock import Agent, InMemorySessionStore, SqlSessionStore
 
 from . import peers
-from ._common import banking_agent, emit, interlock_cycle, summarize, versions
+from ._common import banking_agent, emit, git_state, interlock_cycle, summarize, versions
 
 __all__ = ["main", "run"]
 
@@ -160,6 +160,7 @@ def run(cycles: int, warmup: int, rounds: int) -> dict[str, Any]:
         "ratios_round_median": round_medians,
         "targets": targets,
         "notes": notes,
+        "git": git_state(),
         "versions": versions(),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "elapsed_s": round(time.perf_counter() - started, 1),

@@ -37,7 +37,7 @@ from sqlalchemy import event
 
 from interlock import Agent, InMemorySessionStore, SqlSessionStore
 
-from ._common import banking_agent, emit, interlock_cycle, versions
+from ._common import banking_agent, emit, git_state, interlock_cycle, versions
 
 __all__ = ["main", "run"]
 
@@ -246,6 +246,7 @@ def run(sizes: list[int], repeat: int) -> dict[str, Any]:
             "8 bytes); wal_bytes: the WAL after the cycle, truncated before it (whole "
             "pages, B-tree and index pages included); db_file_growth: after a checkpoint",
         ],
+        "git": git_state(),
         "versions": versions(),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "elapsed_s": round(time.perf_counter() - started, 1),

@@ -55,7 +55,7 @@ from kombu.entity import Queue
 from kombu.message import Message as KombuMessage
 from kombu.messaging import Consumer, Producer
 
-from ._common import approval_decision, emit, percentile
+from ._common import approval_decision, emit, git_state, percentile
 from ._services import (
     Process,
     Processes,
@@ -516,30 +516,6 @@ def _versions(pg_version: str | None) -> dict[str, str | None]:
     return found
 
 
-def _git_state() -> str | None:
-    """The commit measured, with "+dirty" when the work tree has changes."""
-    import subprocess
-
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head + ("+dirty" if dirty else "")
-
-
 def run(
     *,
     cycles: int,
@@ -662,7 +638,7 @@ def run(
             f"(for {BASELINE}, its thread), redis-server (shared: the other systems are idle "
             "meanwhile), bench (this process, without that thread)",
         ],
-        "git": _git_state(),
+        "git": git_state(),
         "versions": _versions(pg_version),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "elapsed_s": round(time.perf_counter() - started_at, 1),

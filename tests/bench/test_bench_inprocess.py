@@ -1,0 +1,82 @@
+"""`bench.cycle` and `bench.growth` as smoke runs: one JSON line each, with the commit
+measured, the versions, and ratios that are the quotients of the figures printed beside
+them. Checks the figures' shape and arithmetic, not their speed (timings are never
+asserted in tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _one_line(module: str) -> dict[str, Any]:
+    run = subprocess.run(
+        [sys.executable, "-m", module, "--quick"],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("INTERLOCK_")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    assert len(lines) == 1, f"one JSON line on stdout, got: {run.stdout!r}"
+    figures: dict[str, Any] = json.loads(lines[0])
+    return figures
+
+
+def _head() -> str | None:
+    if not (ROOT / ".git").exists():
+        return None
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def _says_its_commit_and_versions(figures: dict[str, Any]) -> None:
+    head = _head()
+    if head is not None:
+        assert figures["git"].split("+")[0] == head, figures["git"]
+    assert figures["versions"]["interlock"] and figures["versions"]["pydantic"]
+    assert figures["machine"]["cpus"] >= 1
+
+
+def test_the_in_process_cycle_prints_ours_and_each_installed_peer_with_their_ratios() -> None:
+    figures = _one_line("bench.cycle")
+    assert figures["benchmark"] == "cycle"
+    _says_its_commit_and_versions(figures)
+    results = figures["results"]
+    for ours in ("interlock_memory", "interlock_sqlite", "interlock_sqlite_sync_normal"):
+        got = results[ours]
+        assert got["cycles"] == figures["cycles"], got
+        assert 0 < got["median_ms"] <= got["p99_ms"], got
+    peer = results["langgraph_sqlite"]
+    ratio = figures["ratios"]["interlock_sqlite_vs_langgraph_sqlite"]
+    if peer is None:  # the peers are the `bench` extra's: said in the notes, no ratio
+        assert ratio is None
+        assert any("pip install '.[bench]'" in note for note in figures["notes"])
+    else:
+        assert ratio == round(results["interlock_sqlite"]["cycles_per_s"] / peer["cycles_per_s"], 2)
+    target = figures["targets"]["interlock_sqlite_vs_langgraph_sqlite"]
+    assert target["met"] is (None if ratio is None else ratio >= 3.0)
+
+
+def test_growth_prints_the_bytes_each_size_writes_and_their_ratio() -> None:
+    figures = _one_line("bench.growth")
+    assert figures["benchmark"] == "growth"
+    _says_its_commit_and_versions(figures)
+    sizes = figures["sizes"]
+    written = [figures["results"][str(n)]["bytes_written"]["params_total"] for n in sizes]
+    assert all(b > 0 for b in written), written
+    label = f"params_bytes_{sizes[-1]}_vs_{sizes[0]}"  # --quick: 100 vs 10
+    assert figures["ratios"][label] == round(written[-1] / written[0], 2)
+    assert figures["targets"][label]["met"] is (written[-1] / written[0] <= 2)
