@@ -123,12 +123,16 @@ class Agent:
         turn_id: str | None = None,
         on_chunk: Emit | None = None,
         journal: TurnJournal | None = None,
+        claim_required: bool = False,
     ) -> AgentOutput:
         """Run one turn: a new message, or a resume of the paused turn.
 
         With a store, address the session by `session_id` or `snapshot_id`; without one,
         pass the `state` of the last output. `claimed_by` runs a resume whose snapshot
-        the caller already claimed with that id. With a `journal`, the turn's model
+        the caller already claimed with that id; with `claim_required`, a resume runs
+        only so (`PERMISSION_DENIED` otherwise): the run claims nothing itself. The
+        queue's worker runs resumes so, because only the resume consumer, which checks
+        each decision's resume_token, may claim a pause. With a `journal`, the turn's model
         responses and tool outcomes are kept as they complete, and a second run of the
         same `turn_id` replays them instead of doing them again.
 
@@ -154,6 +158,7 @@ class Agent:
                 turn_id=turn_id,
                 on_chunk=on_chunk,
                 journal=journal,
+                claim_required=claim_required,
             )
 
     def _run(
@@ -167,6 +172,7 @@ class Agent:
         turn_id: str | None,
         on_chunk: Emit | None,
         journal: TurnJournal | None,
+        claim_required: bool = False,
     ) -> AgentOutput:
         base = self._address(agent_input, session_id, snapshot_id, state)
         answers: Mapping[str, Answer] | None = None
@@ -197,6 +203,8 @@ class Agent:
                 journal=journal,
             )
             if agent_input.resume is not None:  # the claim comes last
+                if claim_required:
+                    self._check_claimed(base, claimed_by)
                 claim = self._claim(base, claimer, mine=claimed_by is None)
         except InterlockError:
             # A resume the caller claimed (the resume consumer) and this run refused (a
@@ -409,6 +417,18 @@ class Agent:
         # (a ref from an earlier turn, or one not found), as rule 1 says.
         check_resumable(base.snapshot, claimed_by, interrupted=False)
         return plan_resume(base.snapshot.messages, resume, self.tool_map, self.middleware)
+
+    def _check_claimed(self, base: _Base, by: str | None) -> None:
+        """A resume that must run under a claim made before it (`claim_required`)."""
+        snap = base.snapshot
+        if self.store is None or snap is None or (by is not None and snap.resumed_by == by):
+            return
+        raise ResumeValidationError(
+            Status.PERMISSION_DENIED,
+            f"snapshot {snap.snapshot_id} is not claimed "
+            + ("by this resume (it names no claim)" if by is None else f"by {by!r}")
+            + ": this run resumes only a pause its caller claimed first",
+        )
 
     def _claim(self, base: _Base, by: str, *, mine: bool) -> str | None:
         """Claim the snapshot for this resume under `by` (the caller's claim, or with

@@ -13,7 +13,7 @@ from typing import Any
 from kombu.exceptions import OperationalError as BrokerUnavailable
 from pydantic import ValidationError
 
-from interlock import AgentInput, InterlockError, Status, StatusError
+from interlock import AgentInput, InterlockError, ResumeValidationError, Status, StatusError
 from interlock.journal import TurnJournal
 from interlock.stores.failures import first_line, is_store_failure
 from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, TurnStartKind, session_lease
@@ -235,6 +235,13 @@ def _input_of(request: TurnRequest) -> AgentInput:
         ) from exc
 
 
+_RESUME_HINT = (
+    ". A paused turn is resumed by a decision sent to interlock.decisions with its "
+    "resume_token: the resume consumer checks the token, claims the pause and enqueues "
+    "the resume; a resume task sent to interlock.turns without that claim is refused"
+)
+
+
 def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, Any]:
     try:
         agent = rt.agent(request.agent)
@@ -245,6 +252,7 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, A
             claimed_by=request.claimed_by,
             turn_id=request.turn_id,
             journal=journal,
+            claim_required=True,  # the resume consumer's, made once the token matched
         )
         return {
             "turn_id": request.turn_id,
@@ -255,7 +263,9 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, A
     except Exception as exc:
         if retried(exc):
             raise  # the store or the broker: the task is retried, the turn goes on later
-        if isinstance(exc, StatusError):
+        if isinstance(exc, ResumeValidationError) and exc.status == Status.PERMISSION_DENIED:
+            error = StatusError(exc.status, f"{exc.message}{_RESUME_HINT}")
+        elif isinstance(exc, StatusError):
             error = exc
         elif isinstance(exc, InterlockError):
             error = StatusError(message=str(exc))

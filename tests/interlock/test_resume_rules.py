@@ -682,6 +682,39 @@ def test_claimed_snapshot_refuses_another_resume() -> None:
     assert final.text == 'results: [{"value": 7}]'
 
 
+def test_claim_required_runs_a_resume_only_under_a_claim_made_before_it() -> None:
+    """`claim_required=True` (the queue's worker): the run claims nothing itself; a pause
+    not claimed by `claimed_by` is PERMISSION_DENIED and stays to be answered."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    sid = out.snapshot_id or ""
+    reply = ToolResume(respond=[rig.gate.respond(out.interrupts[0], {"value": 7})])
+    count = rig.snapshot_count()
+    rejects(
+        Status.PERMISSION_DENIED,
+        f"snapshot {sid} is not claimed by this resume (it names no claim)",
+        rig.agent.run,
+        reply,
+        snapshot_id=sid,
+        claim_required=True,
+    )
+    rejects(
+        Status.PERMISSION_DENIED,
+        f"snapshot {sid} is not claimed by 'made-up'",
+        rig.agent.run,
+        reply,
+        snapshot_id=sid,
+        claimed_by="made-up",
+        claim_required=True,
+    )
+    snapshot = rig.store.get_snapshot(sid)
+    assert snapshot is not None and snapshot.resumed_by is None
+    assert rig.snapshot_count() == count
+    assert rig.store.claim(sid, "decision-1")
+    final = rig.agent.run(reply, snapshot_id=sid, claimed_by="decision-1", claim_required=True)
+    assert final.text == 'results: [{"value": 7}]'
+
+
 def test_validate_resume_writes_nothing() -> None:
     rig = Rig({"n": 1})
     out = rig.paused()

@@ -366,9 +366,15 @@ def test_ids_no_database_can_keep_are_refused_once_not_retried(rt: Runtime) -> N
 
 
 def _paused_with_claim(rt: Runtime, session_id: str, claimed_by: str) -> tuple[str, Any]:
+    sid, resume = _paused(rt, session_id)
+    assert rt.store.claim(sid, claimed_by)
+    return sid, resume
+
+
+def _paused(rt: Runtime, session_id: str) -> tuple[str, Any]:
+    """A paused transfer, unclaimed, and the resume that approves it."""
     paused = run_turn(rt, _message("Transfer $7 to claimed", session_id))
     sid = paused["snapshot_id"]
-    assert rt.store.claim(sid, claimed_by)
     snapshot = rt.store.get_snapshot(sid)
     assert snapshot is not None
     [ask] = [p for p in snapshot.messages[-1].content if p.is_interrupt()]
@@ -425,13 +431,36 @@ def test_a_redelivered_unanswered_resume_gives_a_kept_claim_back(rt: Runtime) ->
     assert _claim_of(rt, sid) is None
 
 
-def test_a_resume_without_a_callers_claim_goes_on_under_its_turns_claim(rt: Runtime) -> None:
-    """A resume task sent without the consumer (no `claimed_by`) claims under its turn id:
-    delivered again after its worker died mid-turn, it goes on instead of finding its own
-    claim "already resumed"."""
-    sid, resume = _paused_with_claim(rt, "s-own-claim", "turn:t-own")  # the dead run's claim
-    payload = _resume_task("t-own", resume, sid)
-    done = run_turn(rt, payload)
+@pytest.mark.parametrize(
+    ("ids", "said"),
+    [
+        ({}, "is not claimed by this resume (it names no claim)"),
+        ({"claimed_by": "forged", "decision_id": "forged"}, "is not claimed by 'forged'"),
+    ],
+    ids=["no-claim", "forged-claim"],
+)
+def test_a_resume_task_sent_past_the_resume_consumer_is_refused(
+    rt: Runtime, ids: dict[str, str], said: str
+) -> None:
+    """Only the resume consumer, which checks a decision's resume_token, claims a pause.
+    A resume task sent straight to interlock.turns (no claim, or a claim id made up) is
+    refused with turn.failed PERMISSION_DENIED: knowing a snapshot id is not enough to
+    approve a transfer. Nothing runs, and the pause can still be answered."""
+    session = f"s-past-consumer-{len(ids)}"
+    sid, resume = _paused(rt, session)
+    refused = run_turn(rt, _resume_task(f"t-past-{len(ids)}", resume, sid, **ids))
+    assert refused["error"]["status"] == "PERMISSION_DENIED", refused
+    message = refused["error"]["message"]
+    assert f"snapshot {sid} {said}" in message, message
+    assert "sent to interlock.decisions with its resume_token" in message, message
+    [event] = [e for e in _failed_bodies(rt) if e["session_id"] == session]
+    assert event["error"] == refused["error"]
+    assert event["last_snapshot_id"] == sid
+    assert _claim_of(rt, sid) is None, "the pause is still to be answered"
+    latest = rt.store.get_latest_snapshot(session)
+    assert latest is not None and latest.snapshot_id == sid, "no turn ran"
+    assert rt.store.claim(sid, "d-real"), "a decision can take it"
+    done = run_turn(rt, _resume_task("t-real", resume, sid, claimed_by="d-real"))
     assert done.get("finish_reason") == "stop", done
 
 
