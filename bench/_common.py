@@ -125,21 +125,15 @@ def git_state() -> str | None:
     """The commit measured, with "+dirty" when the work tree has changes."""
     import subprocess
 
+    def git(*args: str) -> str:
+        run = subprocess.run(
+            ["git", "-C", str(_ROOT), *args], capture_output=True, text=True, check=True, timeout=10
+        )
+        return run.stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(_ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(_ROOT), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "")
