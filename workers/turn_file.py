@@ -3,8 +3,11 @@
 A line is the user's message as it stands, or, when it starts with `{`, a JSON object
 `{"text": "...", "session_id": "...", "turn_id": "..."}` (`session_id` optional: a new
 session when absent; `turn_id` optional: a new one when absent, and a turn sent again
-with the same one runs once). Blank lines are skipped; a byte order mark at the start
-of the file is no part of its first line (the CLI reads it as `utf-8-sig`). The whole
+with the same one runs once). Blank lines are skipped, and the spaces around a line
+are no part of it; a byte order mark at the start of the file is no part of its first
+line. Lines end at a line feed (`\n`, or `\r\n`) only: a carriage return or a Unicode
+line separator inside a line is part of its message, so the numbers in errors are
+those of `sed -n Np` and `wc -l`. The whole
 file is read and checked before anything is sent, so a bad line (its number in the
 error) leaves nothing half submitted: that includes what a worker would refuse before
 the turn runs, a NUL character or a lone surrogate.
@@ -22,7 +25,7 @@ from interlock import Status, StatusError
 
 from .decisions import unstorable
 
-__all__ = ["FileTurn", "read_turns", "session_for"]
+__all__ = ["FileTurn", "file_lines", "read_turns", "session_for"]
 
 MAX_TURNS = 100_000
 """Turns one file may hold: they are read into memory before any is sent."""
@@ -43,6 +46,24 @@ class FileTurn:
     text: str
     session_id: str | None = None
     turn_id: str | None = None
+
+
+def file_lines(data: bytes, name: str = "the file") -> list[str]:
+    """The lines of a file's bytes, split at line feeds only and decoded as UTF-8 (a
+    byte order mark at the start dropped); a `StatusError` (INVALID_ARGUMENT) naming
+    the first line that is no UTF-8 text."""
+    lines: list[str] = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            reason = f"not UTF-8 text: {exc.reason} at byte {exc.start + 1}"
+            raise _bad(name, number, reason) from None
+    if lines and lines[-1] == "":
+        lines.pop()  # the line feed that ends the last line starts none
+    return lines
 
 
 def read_turns(lines: Iterable[str], name: str = "the file") -> list[FileTurn]:

@@ -426,6 +426,27 @@ def test_decide_refuses_a_ref_that_is_not_pending(stack: QueueStack, dash: Dashb
     assert [x["snapshot_id"] for x in listed.json_lines()] == [paused.snapshot_id]
 
 
+def test_decide_refuses_a_pause_already_answered_before_sending(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    """A second decide of a pause the consumer has claimed is refused at once, with the
+    consumer's words, nothing sent (no decision id printed, exit 1): without --wait it
+    used to send and exit 0, so a script run again took it for answered."""
+    paused = dash.paused("Transfer $44 to twice")
+    flags = ["--store", stack.store_url, "--broker", stack.broker_url, "--token"]
+    first = run_cli("decide", paused.snapshot_id, *flags, paused.resume_token, "--approve")
+    assert first.returncode == 0, first.describe()
+    done = dash.resumed_turn(dash.outcome(first.json_lines()[0]["decision_id"]))
+    assert done.type == "turn.completed", done.model_dump_json()
+    again = run_cli("decide", paused.snapshot_id, *flags, paused.resume_token, "--deny")
+    _clear_failure(
+        again, "FAILED_PRECONDITION", f"snapshot {paused.snapshot_id} was already resumed"
+    )
+    assert again.stdout == ""
+    ended = run_cli("decide", str(done.snapshot_id), *flags, "t", "--approve")
+    _clear_failure(ended, "FAILED_PRECONDITION", f"snapshot {done.snapshot_id} is not interrupted")
+
+
 def test_decide_refuses_refs_that_leave_an_interrupt_unanswered(
     stack: QueueStack, dash: Dashboard
 ) -> None:

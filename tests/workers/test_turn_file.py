@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from interlock import Status, StatusError
 from workers import turn_file
 from workers.cli import main
-from workers.turn_file import FileTurn, read_turns, session_for
+from workers.turn_file import FileTurn, file_lines, read_turns, session_for
 
 
 def test_lines_are_messages_or_json_objects() -> None:
@@ -192,7 +192,30 @@ def test_a_file_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 1, result.output
-    assert f"error: INVALID_ARGUMENT: {path} is not UTF-8 text: invalid start byte" in (
-        result.output
-    )
+    said = f"error: INVALID_ARGUMENT: {path}, line 2: not UTF-8 text: invalid start byte at byte 1"
+    assert said in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_lines_end_at_line_feeds_only_so_line_numbers_are_those_of_sed() -> None:
+    """A carriage return alone, or a Unicode line separator, is part of its line's
+    message: Python's text mode would split there, and every line number after it would
+    differ from `sed -n Np`'s. Spaces around a line are no part of it."""
+    data = "\ufeffhello\rworld\r\nsep\u2028arated\n\n  padded  \n{bad\n".encode()
+    lines = file_lines(data, "t.txt")
+    assert lines == ["hello\rworld\r", "sep\u2028arated", "", "  padded  ", "{bad"]
+    with pytest.raises(StatusError) as bad:
+        read_turns(lines, name="t.txt")
+    assert bad.value.message.startswith("t.txt, line 5: not a JSON object")
+    assert [(t.line, t.text) for t in read_turns(lines[:4])] == [
+        (1, "hello\rworld"),
+        (2, "sep\u2028arated"),
+        (4, "padded"),
+    ]
+
+
+def test_a_line_that_is_no_utf8_is_named_by_its_number() -> None:
+    with pytest.raises(StatusError) as bad:
+        file_lines(b"ok\nok2\nhel\xfflo\n", "b.txt")
+    assert bad.value.status == Status.INVALID_ARGUMENT
+    assert bad.value.message == "b.txt, line 3: not UTF-8 text: invalid start byte at byte 4"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 
@@ -67,9 +67,10 @@ def login_name() -> str | None:
 @click.option(
     "--file",
     "turn_file",
-    type=click.File("r", encoding="utf-8-sig"),
+    type=click.File("rb"),
     help="Submit one turn per line of this file ('-': standard input; UTF-8, a byte order "
-    'mark allowed): the line is the message, or a JSON object {"text": ..., "session_id": '
+    "mark allowed; lines end at a line feed): the line is the message, or a JSON "
+    'object {"text": ..., "session_id": '
     '..., "turn_id": ...} (session_id, turn_id optional; a turn sent again with the same '
     "turn_id runs once, so a file cut short can be sent again). Every line is checked "
     "before any turn is sent.",
@@ -85,7 +86,7 @@ def submit(
     store: str | None,
     agent_name: str,
     text: str | None,
-    turn_file: TextIO | None,
+    turn_file: BinaryIO | None,
     session_id: str | None,
     wait: bool,
     timeout: float,
@@ -100,7 +101,7 @@ def submit(
     batch that stops part-way says how many turns were sent and from which line on the
     rest were not."""
     from ..app import create_app, runtime_of
-    from ..turn_file import FileTurn, read_turns
+    from ..turn_file import FileTurn, file_lines, read_turns
 
     if text is None and turn_file is None:
         raise click.UsageError("give the message with --text, or a file of them with --file")
@@ -113,8 +114,10 @@ def submit(
             '--session goes with --text; in --file, give a line {"text", "session_id"}'
         )
     if turn_file is not None:
-        # Standard input read as utf-8-sig is a stream of click's, which may have no name.
-        turns = read_turns(turn_file, name=getattr(turn_file, "name", "<stdin>"))
+        # Standard input is a stream of click's, which may have no name.
+        name = getattr(turn_file, "name", "<stdin>")
+        name = "<stdin>" if name in ("-", "<stdin>", 0) else str(name)
+        turns = read_turns(file_lines(turn_file.read(), name), name=name)
     else:
         assert text is not None
         _check_sendable(text, session_id)
@@ -157,11 +160,13 @@ def _send_turns(
     sent: list[str] = []
     try:
         for turn in turns:
-            with signals_deferred():  # a stop between two turns, never inside one
+            # A stop between two turns, never inside one: a turn the broker took is
+            # counted and printed before the stop, so "from line N" is all unsent.
+            with signals_deferred():
                 turn_id, session_id = _send_turn(celery_app, agent_name, turn)
-            sent.append(turn_id)
-            line = {"line": turn.line} if batch else {}
-            emit({"turn_id": turn_id, "session_id": session_id, **line})
+                sent.append(turn_id)
+                line = {"line": turn.line} if batch else {}
+                emit({"turn_id": turn_id, "session_id": session_id, **line})
             if batch and (len(sent) % PROGRESS_EVERY == 0 or len(sent) == len(turns)):
                 _progress(len(sent), len(turns))
     except BaseException as exc:
@@ -362,7 +367,7 @@ def decide(
     from interlock import approve as approve_call
     from interlock import deny as deny_call
     from interlock import is_approval_gate
-    from interlock.resume import pending_interrupts
+    from interlock.resume import check_resumable, pending_interrupts
     from schemas import Decision, RespondEntry, RestartEntry
 
     from ..decisions import resume_turn_id
@@ -390,6 +395,10 @@ def decide(
     if snap is None:
         where = f": {empty}" if empty is not None else " in the store"
         raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found{where}")
+    # What the consumer would refuse for the snapshot's state (rule 4: expired, already
+    # resumed, not interrupted) is refused here, before anything is sent: a script that
+    # decides without --wait would take a sent decision for an answered pause.
+    check_resumable(snap)
     pending = {
         p.tool_request.ref: p
         for p in pending_interrupts(snap.messages)
