@@ -13,7 +13,15 @@ from events.outbox import RETENTION as OUTBOX_RETENTION
 from events.redis_transport import transport_for
 from interlock import Status, StatusError
 
-__all__ = ["NO_ANSWER_HINT", "Settings", "check_broker_url", "check_store_url", "redact_url"]
+__all__ = [
+    "NO_ANSWER_HINT",
+    "NO_CONSUMER_HINT",
+    "NO_WORKER_HINT",
+    "Settings",
+    "check_broker_url",
+    "check_store_url",
+    "redact_url",
+]
 
 DEFAULT_BROKER = "redis://localhost:6379/0"
 DEFAULT_STORE = "sqlite:///interlock.db"
@@ -23,7 +31,13 @@ long a turn whose worker died waits before another worker takes it over."""
 NO_ANSWER_HINT = (
     "are `interlock worker` and `interlock resume-consumer` running on this broker and store?"
 )
-"""What a client waiting in vain for a turn's events asks (`--wait`, `demo --broker`)."""
+"""What a client waiting in vain for a decision's outcome and its turn asks (`decide
+--wait`, `demo --broker`)."""
+NO_WORKER_HINT = "is `interlock worker` running on this broker and store?"
+NO_CONSUMER_HINT = "is `interlock resume-consumer` running on this broker and store?"
+"""What a client waiting in vain for a decision's outcome asks (`decide --wait`)."""
+"""What a client waiting in vain for a turn's end asks (`submit --wait`): a turn needs a
+worker, not the resume consumer."""
 
 
 def _seconds(name: str, default: float, *, whole: bool = False) -> float:

@@ -397,8 +397,8 @@ def test_decide_wait_with_no_consumer_says_what_it_waited_for(tmp_path: Path) ->
     assert result.returncode == 1, result.describe()
     [decision_id] = [line["decision_id"] for line in result.json_lines()]
     assert result.stderr.splitlines()[-1] == (
-        f"error: DEADLINE_EXCEEDED: no outcome of decision {decision_id} within 1s: are "
-        "`interlock worker` and `interlock resume-consumer` running on this broker and store?"
+        f"error: DEADLINE_EXCEEDED: no outcome of decision {decision_id} within 1s: is "
+        "`interlock resume-consumer` running on this broker and store?"
     ), result.describe()
 
 

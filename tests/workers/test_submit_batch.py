@@ -295,6 +295,10 @@ def test_wait_deletes_its_queue_and_binding_on_an_error_or_a_signal(
     _, err = finish(proc)
     assert proc.returncode == code, err
     assert err.splitlines()[-1].startswith(said), err
+    if how == "timeout":  # a turn needs a worker; the resume consumer is no help
+        assert err.splitlines()[-1].endswith(
+            "within 1s: is `interlock worker` running on this broker and store?"
+        ), err
     assert cli_queues(server) == []
 
 
@@ -401,3 +405,21 @@ def test_pending_says_when_its_limit_cut_the_list(tmp_path: Path) -> None:
         assert whole.returncode == 0, whole.describe()
         assert len(whole.json_lines()) == int(args[-1])
         assert whole.stderr == "", whole.describe()
+
+
+@pytest.mark.parametrize(
+    ("lines", "said"), [(1, "the turn was not sent"), (2, "none of the 2 turns was sent")]
+)
+def test_a_batch_that_sent_nothing_says_so(tmp_path: Path, lines: int, said: str) -> None:
+    """No broker: the error says that nothing went out, in words that fit the count."""
+    path = tmp_path / "turns.txt"
+    path.write_text("".join(f"turn {n}\n" for n in range(lines)))
+    result = run_cli(
+        "submit", "--app", APP, "--broker", "redis://127.0.0.1:1/0", "--agent", AGENT,
+        "--file", str(path),
+    )  # fmt: skip
+    assert result.returncode == 1, result.describe()
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("error: UNAVAILABLE: cannot reach the broker: "), last
+    assert last.endswith(f"({said})"), last
+    assert result.stdout == "", "no turn printed: none was sent"

@@ -10,6 +10,7 @@ import click
 
 from interlock import AgentInput, Message, Part, Status, StatusError
 
+from ..settings import NO_CONSUMER_HINT
 from .base import (
     PROGRESS_EVERY,
     app_option,
@@ -205,7 +206,8 @@ def _cut_short(exc: BaseException, turns: list[FileTurn], sent: int) -> None:
     if sent % PROGRESS_EVERY:  # else the last progress line says it already
         _progress(sent, len(turns))
     if sent == 0:
-        how_far = f"none of the {len(turns)} turns was sent"
+        total = len(turns)
+        how_far = f"none of the {total} turns was sent" if total > 1 else "the turn was not sent"
     else:
         how_far = (
             f"{sent} of {len(turns)} turns sent, through line {turns[sent - 1].line}; "
@@ -476,6 +478,7 @@ def decide(
         outcome = waiter.next(
             f"the outcome of decision {decision_id}",
             lambda e: e.type.startswith("decision.") and e.decision_id == decision_id,
+            hint=NO_CONSUMER_HINT,
         )
         if outcome.type == "decision.rejected":
             raise StatusError(outcome.error.status, f"decision rejected: {outcome.error.message}")

@@ -12,7 +12,14 @@ import click
 
 from interlock import Status, StatusError
 
-from ..settings import DEFAULT_BROKER, DEFAULT_STORE, NO_ANSWER_HINT, Settings, redact_url
+from ..settings import (
+    DEFAULT_BROKER,
+    DEFAULT_STORE,
+    NO_ANSWER_HINT,
+    NO_WORKER_HINT,
+    Settings,
+    redact_url,
+)
 from .base import PROGRESS_EVERY, Terminated, emit, error_line
 
 __all__ = ["Waiter", "decide_hint"]
@@ -45,7 +52,14 @@ class Waiter:
             self.connection.release()
             raise
 
-    def next(self, what: str, match: Callable[[Any], bool], *, quiet: bool = False) -> Any:
+    def next(
+        self,
+        what: str,
+        match: Callable[[Any], bool],
+        *,
+        quiet: bool = False,
+        hint: str = NO_ANSWER_HINT,
+    ) -> Any:
         """The next event that matches; printed. Events this command waits for later
         (see `keep`) that arrive first are kept for then: a resumed turn may end before
         `decision.accepted` is read. `quiet`: no "waiting for" line on stderr."""
@@ -64,7 +78,7 @@ class Waiter:
             except TimeoutError:
                 raise StatusError(
                     Status.DEADLINE_EXCEEDED,
-                    f"no {what.removeprefix('the ')} within {self.timeout:.0f}s: " + NO_ANSWER_HINT,
+                    f"no {what.removeprefix('the ')} within {self.timeout:.0f}s: " + hint,
                 ) from None
             if match(found):
                 event = found
@@ -77,7 +91,9 @@ class Waiter:
         """The event that ends turn `turn_id`; a failed turn exits with an error."""
         ends = ("turn.interrupted", "turn.completed", "turn.failed")
         event = self.next(
-            f"turn {turn_id}", lambda e: e.type in ends and getattr(e, "turn_id", None) == turn_id
+            f"turn {turn_id}",
+            lambda e: e.type in ends and getattr(e, "turn_id", None) == turn_id,
+            hint=NO_WORKER_HINT,
         )
         if event.type == "turn.failed":
             raise StatusError(event.error.status, f"turn failed: {event.error.message}")
@@ -103,6 +119,7 @@ class Waiter:
                 f"{len(waiting)} more turns",
                 lambda e: e.type in ends and getattr(e, "turn_id", None) in waiting,
                 quiet=True,
+                hint=NO_WORKER_HINT,
             )
             waiting.discard(event.turn_id)
             found.append(event)
