@@ -214,6 +214,31 @@ def start_batch(
     return proc, lines, [proc.stdout.readline() for _ in range(5)]
 
 
+def test_a_stop_while_a_batch_waits_says_how_many_turns_had_ended(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """No worker: every turn is sent and none ends. SIGTERM during the wait used to print
+    only "terminated"; it now says how far the wait got first."""
+    path = tmp_path / "turns.txt"
+    path.write_text("".join(f"turn {n}\n" for n in range(3)))
+    proc = spawn(
+        "submit", *flags(server, tmp_path), "--agent", AGENT, "--file", str(path), "--wait",
+    )  # fmt: skip
+    assert proc.stderr is not None
+    assert proc.stderr.readline() == b"submitted 3 of 3 turns\n"
+    assert b"waiting for 3 turns to end" in proc.stderr.readline()
+    proc.send_signal(signal.SIGTERM)
+    out, err = finish(proc)
+    assert proc.returncode == 143, err
+    *_, said, last = err.splitlines()
+    assert last == "terminated", err
+    assert said == (
+        "0 of 3 turns had ended when the wait stopped; the others were sent and go on: "
+        "`interlock pending` lists the paused"
+    ), err
+    assert len(json_lines(out)) == 3, "each sent turn was printed"
+
+
 def test_a_broker_that_goes_away_part_way_is_said_with_how_far_the_file_got(
     server: RedisServer, tmp_path: Path
 ) -> None:

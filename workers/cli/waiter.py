@@ -114,17 +114,25 @@ class Waiter:
             f"waiting for {len(waiting)} turns to end (up to {self.timeout:.0f}s between two)...",
             err=True,
         )
-        while waiting:
-            event = self.next(
-                f"{len(waiting)} more turns",
-                lambda e: e.type in ends and getattr(e, "turn_id", None) in waiting,
-                quiet=True,
-                hint=NO_WORKER_HINT,
+        try:
+            while waiting:
+                event = self.next(
+                    f"{len(waiting)} more turns",
+                    lambda e: e.type in ends and getattr(e, "turn_id", None) in waiting,
+                    quiet=True,
+                    hint=NO_WORKER_HINT,
+                )
+                waiting.discard(event.turn_id)
+                found.append(event)
+                if len(found) % PROGRESS_EVERY == 0 or not waiting:
+                    click.echo(f"{len(found)} of {len(turn_ids)} turns ended", err=True)
+        except (KeyboardInterrupt, Terminated):  # a stop says how far the wait got
+            click.echo(
+                f"{len(found)} of {len(turn_ids)} turns had ended when the wait stopped; "
+                "the others were sent and go on: `interlock pending` lists the paused",
+                err=True,
             )
-            waiting.discard(event.turn_id)
-            found.append(event)
-            if len(found) % PROGRESS_EVERY == 0 or not waiting:
-                click.echo(f"{len(found)} of {len(turn_ids)} turns ended", err=True)
+            raise
         paused = sum(e.type == "turn.interrupted" for e in found)
         failed = [e for e in found if e.type == "turn.failed"]
         if paused:
