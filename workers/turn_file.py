@@ -30,6 +30,9 @@ __all__ = ["FileTurn", "file_lines", "read_turns", "session_for"]
 MAX_TURNS = 100_000
 """Turns one file may hold: they are read into memory before any is sent."""
 
+SHOWN = 10
+"""Bad lines an error gives with their reasons; the others are counted."""
+
 FIELDS = ("text", "session_id", "turn_id")
 """The fields of a JSON line."""
 
@@ -51,33 +54,37 @@ class FileTurn:
 def file_lines(data: bytes, name: str = "the file") -> list[str]:
     """The lines of a file's bytes, split at line feeds only and decoded as UTF-8 (a
     byte order mark at the start dropped); a `StatusError` (INVALID_ARGUMENT) naming
-    the first line that is no UTF-8 text."""
+    the lines that are no UTF-8 text."""
     lines: list[str] = []
+    bad: list[StatusError] = []
     for number, raw in enumerate(data.split(b"\n"), start=1):
         if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
         try:
             lines.append(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
-            reason = f"not UTF-8 text: {exc.reason} at byte {exc.start + 1}"
-            raise _bad(name, number, reason) from None
+            bad.append(_bad(name, number, f"not UTF-8 text: {exc.reason} at byte {exc.start + 1}"))
+    _refuse(name, bad)
     if lines and lines[-1] == "":
         lines.pop()  # the line feed that ends the last line starts none
     return lines
 
 
 def read_turns(lines: Iterable[str], name: str = "the file") -> list[FileTurn]:
-    """The turns of `lines`; a `StatusError` (INVALID_ARGUMENT) naming the first bad
-    line, or saying the file holds none."""
+    """The turns of `lines`; a `StatusError` (INVALID_ARGUMENT) naming the bad lines,
+    or saying the file holds none."""
     turns: list[FileTurn] = []
     ids: dict[str, int] = {}  # turn_id: the line that gives it
-    try:
-        for number, raw in enumerate(lines, start=1):
+    bad: list[StatusError] = []
+    for number, raw in enumerate(lines, start=1):
+        try:
             _add(turns, ids, name, number, raw)
-    except UnicodeDecodeError as exc:  # the file is read as UTF-8 (click.File)
-        raise StatusError(
-            Status.INVALID_ARGUMENT, f"{name} is not UTF-8 text: {exc.reason}"
-        ) from None
+        except _TooMany as exc:
+            bad.append(exc.error)
+            break  # the lines after it are not read: the file is to be split
+        except StatusError as exc:
+            bad.append(exc)
+    _refuse(name, bad)
     if not turns:
         raise StatusError(Status.INVALID_ARGUMENT, f"no turns in {name}: it has no text line")
     return turns
@@ -99,7 +106,7 @@ def _add(turns: list[FileTurn], ids: dict[str, int], name: str, number: int, raw
     if not line:
         return
     if len(turns) == MAX_TURNS:
-        raise _bad(name, number, f"more than {MAX_TURNS} turns in one file: split it")
+        raise _TooMany(_bad(name, number, f"more than {MAX_TURNS} turns in one file: split it"))
     turn = (
         _object_turn(name, number, line) if line.startswith("{") else _text_turn(name, number, line)
     )
@@ -150,5 +157,22 @@ def _check_sendable(name: str, number: int, data: Any) -> None:
         raise _bad(name, number, f"contains {bad}: a worker would refuse the turn")
 
 
+class _TooMany(Exception):
+    def __init__(self, error: StatusError) -> None:
+        self.error = error
+
+
 def _bad(name: str, number: int, reason: str) -> StatusError:
     return StatusError(Status.INVALID_ARGUMENT, f"{name}, line {number}: {reason}")
+
+
+def _refuse(name: str, bad: list[StatusError]) -> None:
+    """Raise one error for the bad lines found: the first `SHOWN` with their reasons."""
+    if not bad:
+        return
+    if len(bad) == 1:
+        raise bad[0]
+    shown = "; ".join(error.message.removeprefix(f"{name}, ") for error in bad[:SHOWN])
+    more = len(bad) - SHOWN
+    rest = f"; and {more} more bad line{'s' if more != 1 else ''}" if more > 0 else ""
+    raise StatusError(Status.INVALID_ARGUMENT, f"{name}: {len(bad)} bad lines: {shown}{rest}")

@@ -219,3 +219,35 @@ def test_a_line_that_is_no_utf8_is_named_by_its_number() -> None:
         file_lines(b"ok\nok2\nhel\xfflo\n", "b.txt")
     assert bad.value.status == Status.INVALID_ARGUMENT
     assert bad.value.message == "b.txt, line 3: not UTF-8 text: invalid start byte at byte 4"
+
+
+def test_every_bad_line_is_named_in_one_error_so_a_file_is_mended_in_one_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not only the first: each bad line with its reason, the first SHOWN of them, the
+    rest counted; the good lines between them are not named."""
+    lines = ["ok", "{bad", "fine", '{"text": 1}', "also fine", "{x", '{"text": "hi", "x": 1}']
+    with pytest.raises(StatusError) as info:
+        read_turns(lines, name="t.txt")
+    assert info.value.status is Status.INVALID_ARGUMENT
+    message = info.value.message
+    assert message.startswith("t.txt: 4 bad lines: line 2: not a JSON object: "), message
+    assert '; line 4: "text" must be a non-empty string; line 6: not a JSON object: ' in message
+    assert message.endswith("; line 7: unknown field(s) x: use text, session_id, turn_id"), message
+    monkeypatch.setattr(turn_file, "SHOWN", 2)
+    with pytest.raises(StatusError) as capped:
+        read_turns(lines, name="t.txt")
+    assert capped.value.message.startswith("t.txt: 4 bad lines: line 2: ")
+    assert "line 6" not in capped.value.message
+    assert capped.value.message.endswith(
+        'line 4: "text" must be a non-empty string; and 2 more bad lines'
+    )
+
+
+def test_every_line_that_is_no_utf8_is_named() -> None:
+    with pytest.raises(StatusError) as bad:
+        file_lines(b"ok\n\xffa\nok\nb\xfe\n", "b.txt")
+    assert bad.value.message == (
+        "b.txt: 2 bad lines: line 2: not UTF-8 text: invalid start byte at byte 1; "
+        "line 4: not UTF-8 text: invalid start byte at byte 2"
+    )
