@@ -22,6 +22,7 @@ from schemas import SnapshotStatus, TurnFailed, TurnRequest
 
 from .decisions import unstorable
 from .holders import died_here
+from .resume_check import unauthentic
 from .runtime import Runtime
 
 __all__ = [
@@ -103,6 +104,9 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     bad = unstorable(payload)
     if bad is not None:  # no text column can keep it (PostgreSQL): retrying cannot help
         return _unreadable(rt, payload, f"run_turn request contains {bad}")
+    forged = unauthentic(rt, request)
+    if forged is not None:
+        return _not_the_consumers(rt, request, forged)
     owner = f"{rt.worker_id}:{uuid.uuid4().hex[:8]}"
     session = _one_at_a_time(request)
     start = rt.journal.begin(request.turn_id, owner, rt.settings.turn_lease, session=session)
@@ -206,7 +210,9 @@ def _unreadable(rt: Runtime, payload: Any, reason: str) -> dict[str, Any]:
     )
     fresh = _refuse(rt, event)
     if fresh:  # a turn that had ended before keeps what it had
-        _give_back(rt, read("snapshot_id"), read("claimed_by"), turn_id)
+        # The claim it names cannot be told from one copied out of decision.accepted:
+        # only a claim made under its own turn id is given back.
+        _give_back(rt, read("snapshot_id"), None, turn_id)
     _flush(rt)
     result: dict[str, Any] = {"turn_id": turn_id, "error": error.to_json()}
     return result if fresh else {**result, "duplicate": True}
@@ -233,6 +239,28 @@ def _input_of(request: TurnRequest) -> AgentInput:
         raise StatusError(
             Status.INVALID_ARGUMENT, f"invalid run_turn request: {brief(exc, at='input')}"
         ) from exc
+
+
+def _not_the_consumers(rt: Runtime, request: TurnRequest, reason: str) -> dict[str, Any]:
+    """A resume task that is not the resume consumer's (`unauthentic`): answered with
+    turn.failed (PERMISSION_DENIED). Its turn is not ended and the claim it names is not
+    given back: its turn id and claim may be a real resume's, sent by anyone who read
+    decision.accepted, and that resume must still run."""
+    error = StatusError(Status.PERMISSION_DENIED, f"{reason}{_RESUME_HINT}")
+    log.warning("turn %s refused: %s", request.turn_id, reason)
+    session_id, last_snapshot_id = _where_it_stands(rt, request)
+    event = TurnFailed(
+        agent=request.agent,
+        session_id=session_id,
+        turn_id=request.turn_id,
+        error=error.to_info(),
+        last_snapshot_id=last_snapshot_id,
+    )
+    outbox = rt.outbox  # built (its table made) before the transaction
+    with rt.store.writer().begin() as conn:
+        outbox.add(conn, event)
+    _flush(rt)
+    return {"turn_id": request.turn_id, "error": error.to_json()}
 
 
 _RESUME_HINT = (

@@ -28,8 +28,8 @@ from interlock import (
     ToolResume,
 )
 from interlock.stores.sql_journal import SqlTurnJournal, TurnStartKind
-from schemas import Decision, FinishReason, SnapshotStatus
-from workers.decisions import evaluate
+from schemas import Decision, DecisionAccepted, FinishReason, RestartEntry, SnapshotStatus
+from workers.decisions import evaluate, resume_request, resume_turn_id
 from workers.runtime import Runtime
 from workers.settings import Settings
 from workers.turns import new_turn_request, run_task, run_turn
@@ -365,13 +365,58 @@ def test_ids_no_database_can_keep_are_refused_once_not_retried(rt: Runtime) -> N
     assert (event["turn_id"], event["session_id"]) == (None, "s-nul")
 
 
-def _paused_with_claim(rt: Runtime, session_id: str, claimed_by: str) -> tuple[str, Any]:
+def _accepted(
+    rt: Runtime,
+    session_id: str,
+    decision_id: str,
+    agent: str = "bankingAgent",
+    *,
+    json_form: bool = False,
+) -> tuple[str, dict[str, Any]]:
+    """A paused transfer whose approval the resume consumer accepted, as it does: the
+    decision recorded as accepted and the pause claimed with its id, in one
+    transaction. Returns the snapshot id and the resume task the consumer enqueues (for
+    `agent`: the one the snapshot names, or another for a worker that lacks it). The
+    decision holds the parts `tool.resume` built, or with `json_form` the JSON entry a
+    dashboard sends, without the call's input."""
     sid, resume = _paused(rt, session_id)
-    assert rt.store.claim(sid, claimed_by)
-    return sid, resume
+    assert resume.resume is not None
+    [part] = resume.resume.restart
+    assert part.tool_request is not None
+    entry = RestartEntry(
+        name=part.tool_request.name, ref=part.tool_request.ref, resumed={"approved": True}
+    )
+    decision = Decision(
+        decision_id=decision_id,
+        snapshot_id=sid,
+        resume_token="tok",
+        reviewer="alice",
+        restart=[entry if json_form else part],
+    )
+    accepted = DecisionAccepted(
+        decision_id=decision_id,
+        agent=agent,
+        session_id=session_id,
+        snapshot_id=sid,
+        turn_id=resume_turn_id(decision_id),
+    )
+    with rt.decisions.begin() as conn:
+        assert rt.store.claim_in(conn, sid, decision_id)
+        rt.decisions.record(
+            decision_id=decision_id,
+            body=decision.model_dump_json(),
+            event=accepted,
+            reviewer="alice",
+            session_id=session_id,
+            conn=conn,
+        )
+    snapshot = rt.store.get_snapshot(sid)
+    assert snapshot is not None
+    payload = resume_request(decision, snapshot).model_dump(mode="json")
+    return sid, {**payload, "agent": agent}
 
 
-def _paused(rt: Runtime, session_id: str) -> tuple[str, Any]:
+def _paused(rt: Runtime, session_id: str) -> tuple[str, AgentInput]:
     """A paused transfer, unclaimed, and the resume that approves it."""
     paused = run_turn(rt, _message("Transfer $7 to claimed", session_id))
     sid = paused["snapshot_id"]
@@ -387,8 +432,7 @@ def _paused(rt: Runtime, session_id: str) -> tuple[str, Any]:
 def _resume_task(
     turn_id: str, resume: AgentInput, sid: str, agent: str = "bankingAgent", **ids: str
 ) -> dict[str, Any]:
-    """A resume's run_turn argument, as the consumer (with `claimed_by`) or a client
-    (without) would send it."""
+    """A resume's run_turn argument as a client would write it, past the consumer."""
     return {
         "turn_id": turn_id,
         "agent": agent,
@@ -408,10 +452,7 @@ def test_a_claimed_resume_the_worker_refuses_gives_the_claim_back(rt: Runtime) -
     """The consumer claimed the pause; the worker cannot run the resume (its registry
     has no such agent, say, in a rolling deploy): the claim comes back, and the pause
     can be answered again."""
-    sid, resume = _paused_with_claim(rt, "s-refused-resume", "d-1")
-    payload = _resume_task(
-        "t-resume-1", resume, sid, agent="noSuchAgent", claimed_by="d-1", decision_id="d-1"
-    )
+    sid, payload = _accepted(rt, "s-refused-resume", "d-1", agent="noSuchAgent")
     refused = run_turn(rt, payload)
     assert refused["error"]["status"] == "NOT_FOUND", refused
     assert _claim_of(rt, sid) is None
@@ -421,11 +462,10 @@ def test_a_claimed_resume_the_worker_refuses_gives_the_claim_back(rt: Runtime) -
 def test_a_redelivered_unanswered_resume_gives_a_kept_claim_back(rt: Runtime) -> None:
     """A resume turn ended without an answer (refused), but its worker died before
     giving the claim back: the next delivery does."""
-    sid, resume = _paused_with_claim(rt, "s-kept-claim", "d-3")
+    sid, payload = _accepted(rt, "s-kept-claim", "d-3")
     journal: SqlTurnJournal = rt.journal
     with rt.store.writer().begin() as conn:
-        journal.refuse_in(conn, "s-kept-claim", "t-resume-3", {"status": "UNAVAILABLE"})
-    payload = _resume_task("t-resume-3", resume, sid, claimed_by="d-3")
+        journal.refuse_in(conn, "s-kept-claim", payload["turn_id"], {"status": "UNAVAILABLE"})
     again = run_turn(rt, payload)
     assert again.get("duplicate") is True
     assert _claim_of(rt, sid) is None
@@ -435,7 +475,10 @@ def test_a_redelivered_unanswered_resume_gives_a_kept_claim_back(rt: Runtime) ->
     ("ids", "said"),
     [
         ({}, "is not claimed by this resume (it names no claim)"),
-        ({"claimed_by": "forged", "decision_id": "forged"}, "is not claimed by 'forged'"),
+        (
+            {"claimed_by": "forged", "decision_id": "forged"},
+            "is not claimed by 'forged': no decision of that id was accepted",
+        ),
     ],
     ids=["no-claim", "forged-claim"],
 )
@@ -459,33 +502,106 @@ def test_a_resume_task_sent_past_the_resume_consumer_is_refused(
     assert _claim_of(rt, sid) is None, "the pause is still to be answered"
     latest = rt.store.get_latest_snapshot(session)
     assert latest is not None and latest.snapshot_id == sid, "no turn ran"
-    assert rt.store.claim(sid, "d-real"), "a decision can take it"
-    done = run_turn(rt, _resume_task("t-real", resume, sid, claimed_by="d-real"))
+
+
+def _completed_children(rt: Runtime, session_id: str, sid: str) -> list[str]:
+    return [
+        s.snapshot_id
+        for s in rt.store.list_snapshots(session_id)
+        if s.parent_id == sid and s.status == SnapshotStatus.COMPLETED
+    ]
+
+
+def test_a_resume_task_copying_an_accepted_decisions_claim_is_refused(rt: Runtime) -> None:
+    """decision.accepted names the decision id the pause is claimed with, so anyone who
+    reads the events knows it. A task that names that claim but is not the decision's
+    own resume (another answer, another turn id, another snapshot or agent) is refused
+    with PERMISSION_DENIED: it runs nothing, the claim stays (the pause is not opened
+    again), and the turn it names is not ended, so the real resume still runs, once."""
+    session = "s-copied-claim"
+    sid, payload = _accepted(rt, session, "d-copied")
+    assert payload["turn_id"] == resume_turn_id("d-copied")
+    snapshot = rt.store.get_snapshot(sid)
+    assert snapshot is not None
+    [ask] = [p for p in snapshot.messages[-1].content if p.is_interrupt()]
+    declined = AgentInput(
+        resume=ToolResume(respond=[transferMoney.respond(ask, {"success": False})])
+    )
+    other_answer = {**payload, "input": declined.to_json()}
+    forgeries = {
+        "another answer": other_answer,
+        "another answer, its own turn id": {**other_answer, "turn_id": "t-forged"},
+        "its own turn id": {**payload, "turn_id": "t-forged-2"},
+        "another agent": {**payload, "agent": "guardedBankingAgent"},
+        "another decision_id": {**payload, "decision_id": "d-other"},
+        "a message": {**payload, "input": _message("Transfer $9 to x", session)["input"]},
+    }
+    for what, forged in forgeries.items():
+        refused = run_turn(rt, forged)
+        assert refused["error"]["status"] == "PERMISSION_DENIED", (what, refused)
+        assert refused["error"]["message"].startswith(
+            f"snapshot {sid} is claimed by decision 'd-copied', but this task is not the "
+            "resume the resume consumer enqueued for it"
+        ), (what, refused)
+        assert _claim_of(rt, sid) == "d-copied", what
+        assert _completed_children(rt, session, sid) == [], what
+    assert len(_failed_bodies(rt)) == len(forgeries), "each is answered with turn.failed"
+    done = run_turn(rt, payload)
     assert done.get("finish_reason") == "stop", done
-
-
-def test_a_turns_own_claim_is_given_back_when_it_ended_unanswered(rt: Runtime) -> None:
-    """A resume sent without the consumer claims under its turn id; ended unanswered
-    (here refused) while a crash kept that claim, its next delivery gives it back."""
-    sid, resume = _paused_with_claim(rt, "s-own-refused", "turn:t-own-2")
-    journal: SqlTurnJournal = rt.journal
-    with rt.store.writer().begin() as conn:
-        journal.refuse_in(conn, "s-own-refused", "t-own-2", {"status": "UNAVAILABLE"})
-    payload = _resume_task("t-own-2", resume, sid)
+    [child] = _completed_children(rt, session, sid)
+    final = rt.store.get_snapshot(child)
+    assert final is not None and "transferred $7.00" in (final.messages[-1].text or "")
+    # After the answer: a copy of the claim with any answer still runs nothing, and the
+    # pause stays answered (its claim is not given back).
+    for forged in forgeries.values():
+        assert run_turn(rt, forged)["error"]["status"] == "PERMISSION_DENIED"
     assert run_turn(rt, payload).get("duplicate") is True
-    assert _claim_of(rt, sid) is None
+    assert _claim_of(rt, sid) == "d-copied"
+    assert _completed_children(rt, session, sid) == [child]
+
+
+def test_a_restart_input_the_decision_left_out_cannot_be_changed_in_the_task(
+    rt: Runtime,
+) -> None:
+    """A dashboard's restart entry may leave out the call's input: the consumer copies
+    the stored one into the task. A task with another input there is not the
+    consumer's: refused (PERMISSION_DENIED) before the resume's own checks, so it
+    neither ends the real resume's turn nor gives back its claim."""
+    session = "s-restart-input"
+    sid, payload = _accepted(rt, session, "d-input", json_form=True)
+    [part] = payload["input"]["resume"]["restart"]
+    assert part["toolRequest"]["input"] == {"amount": 7, "toAccount": "claimed"}, part
+    changed = {**part, "toolRequest": {**part["toolRequest"], "input": {"amount": 9e6}}}
+    forged = {**payload, "input": {"resume": {"restart": [changed]}}}
+    refused = run_turn(rt, forged)
+    assert refused["error"]["status"] == "PERMISSION_DENIED", refused
+    assert _claim_of(rt, sid) == "d-input"
+    assert _completed_children(rt, session, sid) == []
+    assert run_turn(rt, payload).get("finish_reason") == "stop"
+    assert len(_completed_children(rt, session, sid)) == 1
 
 
 def test_an_unreadable_copy_of_an_answered_resume_keeps_its_claim(rt: Runtime) -> None:
     """The resume ran and answered the pause under the decision's claim; a garbled copy
     of its task is refused without a word, and the claim (the pause's answer) stays."""
-    sid, resume = _paused_with_claim(rt, "s-answered", "d-9")
-    payload = _resume_task("t-answered", resume, sid, claimed_by="d-9")
+    sid, payload = _accepted(rt, "s-answered", "d-9")
     assert run_turn(rt, payload).get("finish_reason") == "stop"
     copy = run_turn(rt, {**payload, "schema_version": 2})
     assert copy.get("duplicate") is True, copy
     assert _claim_of(rt, sid) == "d-9"
     assert _failed_bodies(rt) == []
+
+
+def test_an_unreadable_task_naming_a_claim_does_not_give_it_back(rt: Runtime) -> None:
+    """A task no worker can read, naming a pause and the claim decision.accepted made
+    public: it is refused (INVALID_ARGUMENT), and the claim stays: which task is the
+    consumer's cannot be told from an unreadable one."""
+    sid, payload = _accepted(rt, "s-unreadable-claim", "d-10")
+    garbled = {**payload, "turn_id": "t-garbled", "schema_version": 2}
+    refused = run_turn(rt, garbled)
+    assert refused["error"]["status"] == "INVALID_ARGUMENT", refused
+    assert _claim_of(rt, sid) == "d-10"
+    assert run_turn(rt, payload).get("finish_reason") == "stop"
 
 
 def test_a_bug_before_the_turn_is_answered_and_frees_the_pause(tmp_path: Path) -> None:
@@ -516,21 +632,35 @@ def test_a_bug_before_the_turn_is_answered_and_frees_the_pause(tmp_path: Path) -
             runtime, new_turn_request("buggy", said, session_id="s-bug").model_dump(mode="json")
         )
         sid = paused["snapshot_id"]
-        assert runtime.store.claim(sid, "d-bug")
         snapshot = runtime.store.get_snapshot(sid)
         assert snapshot is not None
         [question] = [p for p in snapshot.messages[-1].content if p.is_interrupt()]
-        resume = AgentInput(resume=ToolResume(restart=[restart(question, {"x": 1})]))
-        answered = run_turn(
-            runtime, _resume_task("t-bug", resume, sid, agent="buggy", claimed_by="d-bug")
+        decision = Decision(
+            decision_id="d-bug",
+            snapshot_id=sid,
+            resume_token="tok",
+            restart=[restart(question, {"x": 1})],
         )
+        accepted = DecisionAccepted(decision_id="d-bug", agent="buggy", snapshot_id=sid)
+        with runtime.decisions.begin() as conn:
+            assert runtime.store.claim_in(conn, sid, "d-bug")
+            runtime.decisions.record(
+                decision_id="d-bug",
+                body=decision.model_dump_json(),
+                event=accepted,
+                reviewer=None,
+                session_id="s-bug",
+                conn=conn,
+            )
+        task = resume_request(decision, snapshot)
+        answered = run_turn(runtime, task.model_dump(mode="json"))
         assert answered["error"] == {
             "status": "INTERNAL",
             "message": "TypeError: strip_resumed is broken",
         }
         assert _claim_of(runtime, sid) is None
         [event] = _failed_bodies(runtime)
-        assert event["turn_id"] == "t-bug" and event["error"]["status"] == "INTERNAL"
+        assert event["turn_id"] == task.turn_id and event["error"]["status"] == "INTERNAL"
     finally:
         runtime.close()
 
