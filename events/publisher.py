@@ -8,15 +8,17 @@ import json
 import math
 from typing import Any
 
+from amqp.exceptions import MessageNacked
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
+from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 
 from schemas import Decision, EventBase
 
 from .topology import DECISIONS, DECISIONS_DEAD, EVENTS, all_queues
 
-__all__ = ["RETRY_POLICY", "Publisher", "TopologyConflict", "declare"]
+__all__ = ["RETRY_POLICY", "PublishRefused", "Publisher", "TopologyConflict", "declare"]
 
 RETRY_POLICY: dict[str, Any] = {
     "max_retries": 10,
@@ -24,6 +26,14 @@ RETRY_POLICY: dict[str, Any] = {
     "interval_step": 0.5,
     "interval_max": 3.0,
 }
+
+
+class PublishRefused(OperationalError):
+    """RabbitMQ turned a published message away (publisher confirms: a `nack`, as from
+    a queue at its length limit with `overflow: reject-publish`). Not tried again at
+    once, as kombu would (it takes a nack for a lost connection and reconnects): the
+    queues that took the message got it at each try. The caller tries again later (the
+    outbox publishes the event again; the resume consumer requeues its decision)."""
 
 
 class TopologyConflict(Exception):
@@ -84,18 +94,27 @@ class Publisher:
             self._declared = True
         if self._producer is None:
             self._producer = Producer(self.connection)
-        publish = self.connection.ensure(self._producer, self._producer.publish, **RETRY_POLICY)
-        publish(
-            body,
-            exchange=exchange,
-            routing_key=routing_key,
-            content_type="application/json",
-            content_encoding="utf-8",
-            delivery_mode=2,
-            retry=True,
-            retry_policy=RETRY_POLICY,
-            **kw,
-        )
+        producer = self._producer
+
+        def send() -> None:
+            try:
+                producer.publish(
+                    body,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    content_type="application/json",
+                    content_encoding="utf-8",
+                    delivery_mode=2,
+                    **kw,
+                )
+            except MessageNacked as exc:
+                raise PublishRefused(
+                    f"the broker refused the message to {exchange.name or 'the default exchange'}"
+                    f" ({routing_key}): {exc or 'a queue it routes to takes no more'}"
+                ) from exc
+
+        # Lost connections are retried (reconnecting); a refusal is not (see PublishRefused).
+        self.connection.ensure(producer, send, **RETRY_POLICY)()
 
     def publish_event(self, event: EventBase) -> None:
         """Publish an event on `interlock.events`, routed by its type."""
