@@ -12,9 +12,24 @@ from schemas import Part, Status, ToolRequest, ToolResponse
 from ._json import to_json_value
 from .errors import StatusError
 
-__all__ = ["ToolInterrupt", "interrupt", "interrupt_as", "json_of", "respond", "restart"]
+__all__ = [
+    "InterruptDataError",
+    "ToolInterrupt",
+    "interrupt",
+    "interrupt_as",
+    "json_of",
+    "respond",
+    "restart",
+]
 
 T = TypeVar("T")
+
+
+class InterruptDataError(StatusError):
+    """`interrupt()` called with data that is no JSON object: the tool's misuse of the
+    call, so the tool fails with this status (INVALID_ARGUMENT), not INTERNAL."""
+
+    default_status = Status.INVALID_ARGUMENT
 
 
 class ToolInterrupt(BaseException):
@@ -48,7 +63,9 @@ def interrupt(data: Any, *, expires_in: float | timedelta | None = None) -> Any:
     except ValueError:  # pydantic's serialization error: a value with no JSON form
         value = None
     if not isinstance(value, dict):
-        raise StatusError(Status.INVALID_ARGUMENT, "interrupt data must serialize to a JSON object")
+        raise InterruptDataError(
+            Status.INVALID_ARGUMENT, "interrupt data must serialize to a JSON object"
+        )
     raise ToolInterrupt(value, seconds(expires_in))
 
 

@@ -22,7 +22,7 @@ from schemas import (
 from ._json import to_json_value
 from .context import ToolContext
 from .errors import InterlockError, StatusError, ToolFailedError, ToolNotFoundError
-from .interrupts import ToolInterrupt
+from .interrupts import InterruptDataError, ToolInterrupt
 from .journal import TurnJournal
 from .middleware import Middleware
 from .models.base import Model
@@ -329,7 +329,10 @@ class Turn:
                 self.expires_in = min(self.expires_in or pause.expires_in, pause.expires_in)
             return _Outcome(interrupt=pause.data, metadata=ctx.metadata)
         except Exception as exc:
-            raise ToolFailedError(req.name, f"tool {req.name!r} failed: {exc}") from exc
+            # A tool that misused interrupt() fails with that error's status; any other
+            # exception of a tool is INTERNAL (its own status is found by status_of).
+            status = exc.status if isinstance(exc, InterruptDataError) else None
+            raise ToolFailedError(req.name, f"tool {req.name!r} failed: {exc}", status) from exc
         self._record(key, {"output": output, "metadata": ctx.metadata})
         return _Outcome(output=output, metadata=ctx.metadata)
 

@@ -208,6 +208,7 @@ def test_interrupt_with_non_object_data_fails_the_tool(data: Any) -> None:
         agent.run_text("go")
     assert info.value.tool_name == "odd"
     assert status_of(info.value) is Status.INVALID_ARGUMENT
+    assert info.value.status is Status.INVALID_ARGUMENT, "the tool failed with it"
     assert "interrupt data must serialize to a JSON object" in info.value.message
 
 
@@ -226,6 +227,7 @@ def test_interrupt_with_data_that_has_no_json_form_fails_the_tool(data: Any) -> 
 
     with pytest.raises(ToolFailedError) as info:
         one_call(ai, odd, {"n": 1}).run_text("go")
+    assert info.value.status is Status.INVALID_ARGUMENT
     assert status_of(info.value) is Status.INVALID_ARGUMENT
     assert "interrupt data must serialize to a JSON object" in info.value.message
 
