@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +38,7 @@ from schemas import (
 from .runtime import Runtime
 
 __all__ = [
+    "RESUME_PREFIX",
     "ParseFailure",
     "evaluate",
     "lenient_failure",
@@ -355,10 +355,15 @@ def resume_request(decision: Decision, snapshot: Snapshot) -> TurnRequest:
     return _request(decision, snapshot, to_tool_resume(decision, snapshot))
 
 
+RESUME_PREFIX = "resume:"
+"""The start of a resume's turn id; no other task may take a turn id starting so."""
+
+
 def resume_turn_id(decision_id: str) -> str:
-    """The turn id of the resume an accepted decision enqueues (derived from the
-    decision id: the same on every delivery of the decision)."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"interlock:decision:{decision_id}"))
+    """The turn id of the resume an accepted decision enqueues (`resume:DECISION_ID`:
+    the same on every delivery of the decision). Only that resume may run or end a
+    turn of that id (workers/resume_check.py), so no other task can take its place."""
+    return f"{RESUME_PREFIX}{decision_id}"
 
 
 def _request(decision: Decision, snapshot: Snapshot, resume: ToolResume) -> TurnRequest:

@@ -15,20 +15,30 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from interlock import AgentInput
+from interlock import AgentInput, Status, StatusError
+from interlock.stores.sql_journal import session_lease
 from schemas import Decision, TurnRequest, event_adapter
 
-from .decisions import parse_decision, resume_turn_id, to_tool_resume
+from .decisions import RESUME_PREFIX, parse_decision, resume_request
 from .runtime import Runtime
 
-__all__ = ["unauthentic"]
+__all__ = ["RESERVED", "reserved", "unauthentic"]
 
 
-def unauthentic(rt: Runtime, request: TurnRequest) -> str | None:
-    """Why `request` may not run as a resume (None: it may). Only a task that is a
-    resume, or that names a claim, is checked; it costs one read of the decision log.
-    A task that is neither (or whose input is no agent input) goes on, to run or to be
-    refused for what it is."""
+RESERVED = (RESUME_PREFIX, session_lease(""))
+"""Starts of the turn ids only Interlock gives: an accepted decision's resume
+(`resume:DECISION_ID`), and the keys of session leases, which share the turn leases'
+table. A task that is no accepted decision's resume may not take one: it would end the
+real resume's turn before it ran, or free a running turn's session."""
+
+
+def unauthentic(rt: Runtime, request: TurnRequest) -> StatusError | None:
+    """Why `request` may not run (None: it may go on): a resume, or a task that names a
+    claim, that is not the resume the consumer enqueued for an accepted decision
+    (PERMISSION_DENIED); or a task that takes a turn id Interlock keeps for its own
+    (INVALID_ARGUMENT). It costs a resume one read of the decision log and one of the
+    snapshot. A task that is neither (or whose input is no agent input) goes on, to run
+    or to be refused for what it is."""
     claim = request.claimed_by
     try:
         given: AgentInput | None = AgentInput.model_validate(request.input)
@@ -36,18 +46,37 @@ def unauthentic(rt: Runtime, request: TurnRequest) -> str | None:
         given = None
     pause = "the pause" if request.snapshot_id is None else f"snapshot {request.snapshot_id}"
     if claim is None:
-        if given is None or given.resume is None:
-            return None
-        return f"{pause} is not claimed by this resume (it names no claim)"
+        if given is not None and given.resume is not None:
+            return _denied(f"{pause} is not claimed by this resume (it names no claim)")
+        if reserved(request.turn_id):
+            return StatusError(Status.INVALID_ARGUMENT, _reserved_said(request.turn_id))
+        return None
     record = rt.decisions.get(claim)
     if record is None or record.outcome != "accepted":
-        return f"{pause} is not claimed by {claim!r}: no decision of that id was accepted"
+        return _denied(f"{pause} is not claimed by {claim!r}: no decision of that id was accepted")
     if given is None or not _is_its_resume(rt, record.body, record.event_body, request, given):
-        return (
+        return _denied(
             f"{pause} is claimed by decision {claim!r}, but this task is not the resume "
             "the resume consumer enqueued for it"
         )
     return None
+
+
+def reserved(turn_id: str | None) -> bool:
+    """Whether `turn_id` starts as only the turn ids Interlock gives do (`RESERVED`)."""
+    return turn_id is not None and turn_id.startswith(RESERVED)
+
+
+def _reserved_said(turn_id: str) -> str:
+    starts = " or ".join(repr(start) for start in RESERVED)
+    return (
+        f"turn_id {turn_id!r} is reserved: turn ids starting with {starts} are given by "
+        "Interlock (an accepted decision's resume, a session's lease); choose another"
+    )
+
+
+def _denied(reason: str) -> StatusError:
+    return StatusError(Status.PERMISSION_DENIED, reason)
 
 
 def _is_its_resume(
@@ -61,14 +90,13 @@ def _is_its_resume(
     if not isinstance(decision, Decision) or given.resume is None:
         return False
     accepted = event_adapter.validate_json(event_body)
-    if (
-        request.turn_id != resume_turn_id(decision.decision_id)
-        or request.decision_id not in (None, decision.decision_id)
-        or request.snapshot_id != decision.snapshot_id
-        or request.agent != accepted.agent
-    ):
+    if request.agent != accepted.agent or request.snapshot_id != decision.snapshot_id:
         return False
     snapshot = rt.store.get_snapshot(decision.snapshot_id)
     if snapshot is None:
         return False
-    return AgentInput(resume=to_tool_resume(decision, snapshot)).to_json() == given.to_json()
+    expected = resume_request(decision, snapshot)
+    ids = {"agent", "input"}  # the agent as accepted; the input compared as parsed
+    if expected.model_dump(exclude=ids) != request.model_dump(exclude=ids):
+        return False  # turn_id, session_id, claimed_by, decision_id, schema_version
+    return AgentInput.model_validate(expected.input).to_json() == given.to_json()

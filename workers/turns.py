@@ -22,7 +22,7 @@ from schemas import SnapshotStatus, TurnFailed, TurnRequest
 
 from .decisions import unstorable
 from .holders import died_here
-from .resume_check import unauthentic
+from .resume_check import reserved, unauthentic
 from .runtime import Runtime
 
 __all__ = [
@@ -209,7 +209,7 @@ def _unreadable(rt: Runtime, payload: Any, reason: str) -> dict[str, Any]:
         last_snapshot_id=read("snapshot_id"),
     )
     fresh = _refuse(rt, event)
-    if fresh:  # a turn that had ended before keeps what it had
+    if fresh and not reserved(turn_id):  # a turn that had ended before keeps what it had
         # The claim it names cannot be told from one copied out of decision.accepted:
         # only a claim made under its own turn id is given back.
         _give_back(rt, read("snapshot_id"), None, turn_id)
@@ -218,14 +218,20 @@ def _unreadable(rt: Runtime, payload: Any, reason: str) -> dict[str, Any]:
     return result if fresh else {**result, "duplicate": True}
 
 
-def _refuse(rt: Runtime, event: TurnFailed) -> bool:
-    """Announce a turn refused before it ran (`event`) and, when it has an id, end it
-    with the journal's refusal entry, in one transaction. False when that turn was
-    refused (and announced) before: nothing is written again."""
+def _refuse(rt: Runtime, event: TurnFailed, *, end_turn: bool = True) -> bool:
+    """Announce a turn refused before it ran (`event`) and, when it has an id (and
+    `end_turn`), end it with the journal's refusal entry, in one transaction. False when
+    that turn was refused (and announced) before: nothing is written again. A turn id
+    Interlock keeps for its own (`reserved`) is never ended here (only its turn may),
+    nor announced again once it ended."""
     journal, outbox = rt.journal, rt.outbox  # built (tables created) before the transaction
+    turn_id = event.turn_id
     with rt.store.writer().begin() as conn:
-        if event.turn_id is not None and not journal.refuse_in(
-            conn, event.session_id, event.turn_id, event.error.model_dump(mode="json")
+        if turn_id is not None and (not end_turn or reserved(turn_id)):
+            if journal.ended_in(conn, turn_id):
+                return False  # a copy of a turn that has had its answer: nothing to say
+        elif turn_id is not None and not journal.refuse_in(
+            conn, event.session_id, turn_id, event.error.model_dump(mode="json")
         ):
             return False
         outbox.add(conn, event)
@@ -241,13 +247,13 @@ def _input_of(request: TurnRequest) -> AgentInput:
         ) from exc
 
 
-def _not_the_consumers(rt: Runtime, request: TurnRequest, reason: str) -> dict[str, Any]:
-    """A resume task that is not the resume consumer's (`unauthentic`): answered with
-    turn.failed (PERMISSION_DENIED). Its turn is not ended and the claim it names is not
-    given back: its turn id and claim may be a real resume's, sent by anyone who read
-    decision.accepted, and that resume must still run."""
-    error = StatusError(Status.PERMISSION_DENIED, f"{reason}{_RESUME_HINT}")
-    log.warning("turn %s refused: %s", request.turn_id, reason)
+def _not_the_consumers(rt: Runtime, request: TurnRequest, why: StatusError) -> dict[str, Any]:
+    """A task `unauthentic` refuses: answered with turn.failed. Its turn is not ended
+    and the claim it names is not given back: its turn id and claim may be a real
+    resume's, sent by anyone who read decision.accepted, and that resume must still run."""
+    hint = _RESUME_HINT if why.status == Status.PERMISSION_DENIED else ""
+    error = StatusError(why.status, f"{why.message}{hint}")
+    log.warning("turn %s refused: %s", request.turn_id, why.message)
     session_id, last_snapshot_id = _where_it_stands(rt, request)
     event = TurnFailed(
         agent=request.agent,
@@ -256,9 +262,7 @@ def _not_the_consumers(rt: Runtime, request: TurnRequest, reason: str) -> dict[s
         error=error.to_info(),
         last_snapshot_id=last_snapshot_id,
     )
-    outbox = rt.outbox  # built (its table made) before the transaction
-    with rt.store.writer().begin() as conn:
-        outbox.add(conn, event)
+    _refuse(rt, event, end_turn=False)
     _flush(rt)
     return {"turn_id": request.turn_id, "error": error.to_json()}
 

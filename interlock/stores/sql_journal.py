@@ -323,6 +323,11 @@ class SqlTurnJournal:
         # where failing would run the call again.
         retry_store_failures(write, RECORD_PAUSES, said)
 
+    def ended_in(self, conn: Connection, turn_id: str) -> bool:
+        """Whether `turn_id` has ended (a snapshot carries it, or a refusal ended it), read
+        in the caller's transaction."""
+        return self._ended(conn, {"p_turn": turn_id}) is not None
+
     def refuse_in(self, conn: Connection, session_id: str | None, turn_id: str, error: Any) -> bool:
         """End `turn_id` as refused before it ran (`error`, JSON), in the caller's
         transaction: `begin` answers ENDED for it from then on, so a redelivery or a

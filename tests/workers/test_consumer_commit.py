@@ -343,9 +343,7 @@ def test_redelivered_accepted_decision_enqueues_the_same_turn_again(rig: Rig) ->
     first = consumer.handle(raw(body), "application/json", {})
     assert first.type == "decision.accepted", first.model_dump_json()
     [request] = rig.enqueued()
-    assert request["turn_id"] == str(
-        uuid.uuid5(uuid.NAMESPACE_URL, f"interlock:decision:{body['decision_id']}")
-    )
+    assert request["turn_id"] == f"resume:{body['decision_id']}"
     assert [e.model_dump() for e in rig.published()] == [first.model_dump()]
 
     for again in (consumer, rig.consumer()):  # the same process, or another one

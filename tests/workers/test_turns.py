@@ -771,3 +771,50 @@ def test_turns_of_one_session_run_one_at_a_time(tmp_path: Path) -> None:
     finally:
         go_on.set()
         runtime.close()
+
+
+def test_no_other_task_can_take_an_accepted_resumes_turn_id(rt: Runtime) -> None:
+    """decision.accepted carries the turn id its resume runs as. Tasks sent with that id
+    before the resume runs (garbled, a new message, an unknown agent, an exact copy
+    with another session_id) are refused without ending that turn or giving back the
+    claim: the reviewer's resume then runs, once, and the pause stays answered."""
+    session = "s-squatted"
+    sid, payload = _accepted(rt, session, "d-squat")
+    turn = payload["turn_id"]
+    assert turn == "resume:d-squat"
+    squatters = {
+        "garbled": {"schema_version": 2, "turn_id": turn, "agent": "x", "input": {}},
+        "bad input": {"turn_id": turn, "agent": "bankingAgent", "input": {"junk": 1}},
+        "a message": {**_message("Transfer $3 to x", "s-other"), "turn_id": turn},
+        "a message to the pause": {**_message("hi", session), "turn_id": turn},
+        "unknown agent": {**_message("hi", "s-other-2"), "turn_id": turn, "agent": "nope"},
+        "another session_id": {**payload, "session_id": "other"},
+    }
+    for what, task in squatters.items():
+        refused = run_turn(rt, task)
+        assert "error" in refused, (what, refused)
+        assert _claim_of(rt, sid) == "d-squat", what
+    assert run_task(rt, ({"turn_id": turn}, "extra"), {}).get("error") is not None
+    assert _claim_of(rt, sid) == "d-squat"
+    done = run_turn(rt, payload)
+    assert done.get("finish_reason") == "stop", done
+    assert len(_completed_children(rt, session, sid)) == 1
+    assert run_turn(rt, {**_message("hi", "s-late"), "turn_id": turn}).get("error")
+    assert _claim_of(rt, sid) == "d-squat", "the answered pause stays answered"
+
+
+@pytest.mark.parametrize("turn_id", ["resume:made-up", "session:s-lease"])
+def test_a_turn_id_interlock_keeps_for_its_own_is_refused(rt: Runtime, turn_id: str) -> None:
+    """Resume turn ids and session lease keys share the turn leases' table with turn
+    ids: a task that takes one (to end a resume before it runs, or free a running
+    turn's session) is refused, INVALID_ARGUMENT, and ends nothing."""
+    refused = run_turn(rt, {**_message("Transfer $2 to x", "s-lease"), "turn_id": turn_id})
+    assert refused["error"]["status"] == "INVALID_ARGUMENT", refused
+    assert refused["error"]["message"].startswith(f"turn_id {turn_id!r} is reserved: "), refused
+    [event] = _failed_bodies(rt)
+    assert event["turn_id"] == turn_id
+    with rt.store.writer().begin() as conn:
+        assert not rt.journal.ended_in(conn, turn_id)
+    assert (
+        run_turn(rt, _message("Transfer $2 to x", "s-lease")).get("finish_reason") == "interrupted"
+    )
