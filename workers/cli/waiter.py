@@ -110,11 +110,12 @@ class Waiter:
         ends = ("turn.interrupted", "turn.completed", "turn.failed")
         waiting = set(turn_ids)
         found: list[Any] = []
-        click.echo(
-            f"waiting for {len(waiting)} turns to end (up to {self.timeout:.0f}s between two)...",
-            err=True,
-        )
-        try:
+        try:  # the line is in: a stop right after it is printed says how far it got too
+            click.echo(
+                f"waiting for {len(waiting)} turns to end "
+                f"(up to {self.timeout:.0f}s between two)...",
+                err=True,
+            )
             while waiting:
                 event = self.next(
                     f"{len(waiting)} more turns",
