@@ -130,7 +130,7 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     journal = rt.journal if taken_over else _FirstRun(rt.journal)
     saved = False
     try:
-        result = _run(rt, request, journal)
+        result = _run(rt, request, journal, owner)
         saved = "snapshot_id" in result
     finally:
         rt.journal.end(request.turn_id, owner, snapshot_saved=saved)
@@ -218,10 +218,13 @@ def _unreadable(rt: Runtime, payload: Any, reason: str) -> dict[str, Any]:
     return result if fresh else {**result, "duplicate": True}
 
 
-def _refuse(rt: Runtime, event: TurnFailed, *, end_turn: bool = True) -> bool:
+def _refuse(
+    rt: Runtime, event: TurnFailed, *, end_turn: bool = True, owner: str | None = None
+) -> bool:
     """Announce a turn refused before it ran (`event`) and, when it has an id (and
     `end_turn`), end it with the journal's refusal entry, in one transaction. False when
-    that turn was refused (and announced) before: nothing is written again. A turn id
+    that turn was refused (and announced) before, or runs elsewhere (its lease held by
+    another than `owner`, this run's): nothing is written. A turn id
     Interlock keeps for its own (`reserved`) is never ended here (only its turn may),
     nor announced again once it ended."""
     journal, outbox = rt.journal, rt.outbox  # built (tables created) before the transaction
@@ -231,7 +234,7 @@ def _refuse(rt: Runtime, event: TurnFailed, *, end_turn: bool = True) -> bool:
             if journal.ended_in(conn, turn_id):
                 return False  # a copy of a turn that has had its answer: nothing to say
         elif turn_id is not None and not journal.refuse_in(
-            conn, event.session_id, turn_id, event.error.model_dump(mode="json")
+            conn, event.session_id, turn_id, event.error.model_dump(mode="json"), owner=owner
         ):
             return False
         outbox.add(conn, event)
@@ -274,7 +277,7 @@ _RESUME_HINT = (
 )
 
 
-def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, Any]:
+def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal, owner: str) -> dict[str, Any]:
     try:
         agent = rt.agent(request.agent)
         out = agent.run(
@@ -318,6 +321,7 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal) -> dict[str, A
                     error=error.to_info(),
                     last_snapshot_id=last_snapshot_id,
                 ),
+                owner=owner,
             )
         if unanswered:
             _give_back(rt, request.snapshot_id, request.claimed_by, request.turn_id)

@@ -129,6 +129,7 @@ _DROP_LEASE = delete(_LEASE).where(
     _LEASE.c.turn_id == bindparam("p_turn"), _LEASE.c.owner == bindparam("p_owner")
 )
 _DROP_TURN_LEASE = delete(_LEASE).where(_LEASE.c.turn_id == bindparam("p_turn"))
+_LEASE_OWNER = select(_LEASE.c.owner).where(_LEASE.c.turn_id == bindparam("p_turn"))
 _DROP_ENTRIES = delete(_JOURNAL).where(_JOURNAL.c.turn_id == bindparam("p_turn"))
 _LOAD = select(_JOURNAL.c.key, _JOURNAL.c.body).where(_JOURNAL.c.turn_id == bindparam("p_turn"))
 _RECORD = insert(_JOURNAL)
@@ -328,13 +329,27 @@ class SqlTurnJournal:
         in the caller's transaction."""
         return self._ended(conn, {"p_turn": turn_id}) is not None
 
-    def refuse_in(self, conn: Connection, session_id: str | None, turn_id: str, error: Any) -> bool:
+    def refuse_in(
+        self,
+        conn: Connection,
+        session_id: str | None,
+        turn_id: str,
+        error: Any,
+        *,
+        owner: str | None = None,
+    ) -> bool:
         """End `turn_id` as refused before it ran (`error`, JSON), in the caller's
         transaction: `begin` answers ENDED for it from then on, so a redelivery or a
         second submission of the same turn is not run later, when the reason for the
         refusal may have gone (the turn has had its answer). False when the turn had
-        ended already, refused or with a snapshot: the caller must not announce it."""
+        ended already, refused or with a snapshot, or when its lease is held by anyone
+        but `owner` (the refusing run; None: a refusal that took no lease): a copy of a
+        turn that runs, or ran and may run again, elsewhere. The caller must not
+        announce it."""
         if self._ended(conn, {"p_turn": turn_id}) is not None:
+            return False
+        held = conn.execute(_LEASE_OWNER, {"p_turn": turn_id}).first()
+        if held is not None and held[0] != owner:
             return False
         row = {
             "turn_id": turn_id,

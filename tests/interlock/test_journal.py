@@ -464,7 +464,11 @@ def test_a_refused_turn_is_ended(sql_journal: SqlTurnJournal, portable: bool) ->
         TurnStartKind.TAKEN_OVER,
     )
     with sql_journal.store.writer().begin() as conn:
-        sql_journal.refuse_in(conn, None, "turn", {"status": "NOT_FOUND", "message": "gone"})
+        refusal = {"status": "NOT_FOUND", "message": "gone"}
+        assert not sql_journal.refuse_in(conn, None, "turn", refusal, owner="w2"), (
+            "a run that does not hold the lease cannot end the turn"
+        )
+        assert sql_journal.refuse_in(conn, None, "turn", refusal, owner="w1")
     sql_journal.end("turn", "w1", snapshot_saved=False)
     for owner in ("w1", "w2"):
         start = sql_journal.begin("turn", owner, ttl=30)

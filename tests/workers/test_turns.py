@@ -818,3 +818,23 @@ def test_a_turn_id_interlock_keeps_for_its_own_is_refused(rt: Runtime, turn_id: 
     assert (
         run_turn(rt, _message("Transfer $2 to x", "s-lease")).get("finish_reason") == "interrupted"
     )
+
+
+def test_a_garbled_copy_of_a_running_turn_neither_ends_nor_answers_it(rt: Runtime) -> None:
+    """A turn id is public once its task is sent. A garbled task carrying the id of a
+    turn another worker is running (it holds the turn's lease) is not that turn's
+    answer: it ends nothing and announces nothing, and the running turn ends as it
+    would have."""
+    message = _message("Transfer $4 to savings", "s-running")
+    turn = message["turn_id"]
+    start = rt.journal.begin(turn, "elsewhere:1", 30.0)
+    assert start.kind is TurnStartKind.NEW, start
+    garbled = run_turn(rt, {"schema_version": 2, "turn_id": turn, "agent": "x", "input": {}})
+    assert garbled.get("duplicate") is True, garbled
+    assert _failed_bodies(rt) == []
+    with rt.store.writer().begin() as conn:
+        assert not rt.journal.ended_in(conn, turn)
+    assert rt.journal.holder(turn) is not None, "the running turn keeps its lease"
+    rt.journal.end(turn, "elsewhere:1", snapshot_saved=False)
+    done = run_turn(rt, message)
+    assert done.get("finish_reason") == "interrupted", done
