@@ -56,6 +56,8 @@ class _Base:
     session_id: str
     snapshot: Snapshot | None
     from_state: bool = False
+    by_snapshot: bool = False
+    """Addressed by `snapshot_id=`: the snapshot continued need not be the latest."""
 
 
 def _store_unavailable(exc: BaseException) -> bool:
@@ -136,16 +138,15 @@ class Agent:
         responses and tool outcomes are kept as they complete, and a second run of the
         same `turn_id` replays them instead of doing them again.
 
-        New messages to one session (`session_id=`) run one at a time in a process:
-        side by side, both would go on from the same latest snapshot and fork the
-        session. (Workers hold a lease on the session for the same reason.)"""
+        New messages to one session (`session_id=`, or `snapshot_id=` of one of its
+        snapshots) run one at a time in a process: side by side, both would go on from
+        the same latest snapshot and fork the session. (Workers hold a lease on the
+        session for the same reason.)"""
         agent_input = as_input(input)
+        session = self._session_of(agent_input, session_id, snapshot_id)
         one_at_a_time = (
-            _session_lock(self.store, session_id)
-            if self.store is not None
-            and session_id is not None
-            and snapshot_id is None
-            and agent_input.resume is None
+            _session_lock(self.store, session)
+            if self.store is not None and session is not None
             else contextlib.nullcontext()
         )
         with one_at_a_time:
@@ -160,6 +161,19 @@ class Agent:
                 journal=journal,
                 claim_required=claim_required,
             )
+
+    def _session_of(
+        self, agent_input: AgentInput, session_id: str | None, snapshot_id: str | None
+    ) -> str | None:
+        """The session a new message goes on in, to run one at a time there: the one
+        named, or that of the snapshot named (None for a resume: its claim on the pause
+        makes it the only turn going on from there)."""
+        if self.store is None or agent_input.resume is not None:
+            return None
+        if snapshot_id is None or session_id is not None:
+            return session_id
+        found = self.store.get_snapshot(snapshot_id)
+        return found.session_id if found is not None else None
 
     def _run(
         self,
@@ -346,7 +360,7 @@ class Agent:
                     f"snapshot {snapshot_id} belongs to agent {snapshot.agent!r}, "
                     f"not {self.name!r}",
                 )
-            return _Base(snapshot.session_id, snapshot)
+            return _Base(snapshot.session_id, snapshot, by_snapshot=True)
         if session_id is not None:
             latest = self._session_snapshot(session_id, resume=resume)
             if latest is not None and latest.agent != self.name:
@@ -452,6 +466,12 @@ class Agent:
                 f"snapshot {snap.snapshot_id} is {snap.status.value} and cannot be continued; "
                 "it is kept for inspection",
             )
+        if snap is not None and base.by_snapshot and not snap.is_interrupted:
+            # An earlier snapshot may be continued (a new branch), but not while the
+            # session is paused: its pause would stay open beside the branch's turn.
+            current = self._session_snapshot(snap.session_id, resume=False)
+            if current is not None and current.is_interrupted:
+                snap = current
         if snap is None or not snap.is_interrupted:
             return
         if snap.resumed_by is not None and not base.from_state:

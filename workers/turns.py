@@ -108,12 +108,12 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     if forged is not None:
         return _not_the_consumers(rt, request, forged)
     owner = f"{rt.worker_id}:{uuid.uuid4().hex[:8]}"
-    session = _one_at_a_time(request)
+    session = _one_at_a_time(rt, request)
     start = rt.journal.begin(request.turn_id, owner, rt.settings.turn_lease, session=session)
     if start.kind is TurnStartKind.ENDED:
         log.info("turn %s already ended (%s); not running it again", request.turn_id, start.status)
         if start.status in _UNANSWERED:  # and a crash may have kept the claim: give it back
-            _give_back(rt, request.snapshot_id, request.claimed_by, request.turn_id)
+            _give_back(rt, request.snapshot_id, request.claimed_by)
         _flush(rt)
         return {"turn_id": request.turn_id, "snapshot_id": start.snapshot_id, "duplicate": True}
     if start.kind is TurnStartKind.SESSION_BUSY:
@@ -138,15 +138,19 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _one_at_a_time(request: TurnRequest) -> str | None:
+def _one_at_a_time(rt: Runtime, request: TurnRequest) -> str | None:
     """The session whose lease a turn takes with its own: a new message to a named
-    session runs only while no other turn of that session does. Both would go on from
-    the same latest snapshot, and the session would fork (one turn's messages missing
-    from the other's history, two pauses open at once). A resume needs none: its claim
-    on the pause already makes it the only turn that goes on from there."""
-    if request.session_id is None or request.snapshot_id is not None:
+    session (or to one of its snapshots) runs only while no other turn of that session
+    does. Both would go on from the same latest snapshot, and the session would fork
+    (one turn's messages missing from the other's history, two pauses open at once). A
+    resume needs none: its claim on the pause already makes it the only turn that goes
+    on from there (and only a claimed resume gets this far)."""
+    if request.claimed_by is not None:
         return None
-    return request.session_id
+    if request.snapshot_id is None or request.session_id is not None:
+        return request.session_id
+    found = rt.store.get_snapshot(request.snapshot_id)  # an unknown one is refused later
+    return found.session_id if found is not None else None
 
 
 def _expire_if_dead(rt: Runtime, key: str) -> None:
@@ -177,15 +181,13 @@ _UNANSWERED = (REFUSED, SnapshotStatus.FAILED.value, SnapshotStatus.ABORTED.valu
 given back, so it can be answered again."""
 
 
-def _give_back(
-    rt: Runtime, snapshot_id: str | None, claimed_by: str | None, turn_id: str | None
-) -> None:
+def _give_back(rt: Runtime, snapshot_id: str | None, claimed_by: str | None) -> None:
     """Release the claim a refused or failed resume turn held on its pause: the resume
-    consumer's, or the one the run made under its turn id (idempotent; a claim someone
-    else holds is left alone)."""
-    claimer = claimed_by or (f"turn:{turn_id}" if turn_id is not None else None)
-    if snapshot_id is not None and claimer is not None:
-        rt.store.release(snapshot_id, claimer)
+    consumer's, the only one a worker runs under (idempotent; a claim someone else
+    holds is left alone). A task that names no claim gives back nothing, whatever its
+    turn id: no claim is made under a turn id here."""
+    if snapshot_id is not None and claimed_by is not None:
+        rt.store.release(snapshot_id, claimed_by)
 
 
 def _unreadable(rt: Runtime, payload: Any, reason: str) -> dict[str, Any]:
@@ -208,31 +210,35 @@ def _unreadable(rt: Runtime, payload: Any, reason: str) -> dict[str, Any]:
         error=error.to_info(),
         last_snapshot_id=read("snapshot_id"),
     )
-    fresh = _refuse(rt, event)
-    if fresh and not reserved(turn_id):  # a turn that had ended before keeps what it had
-        # The claim it names cannot be told from one copied out of decision.accepted:
-        # only a claim made under its own turn id is given back.
-        _give_back(rt, read("snapshot_id"), None, turn_id)
+    # The claim it names cannot be told from one copied out of decision.accepted: it
+    # stays, and the consumer's resume runs under it.
+    fresh = _refuse(rt, event, own=False)
     _flush(rt)
     result: dict[str, Any] = {"turn_id": turn_id, "error": error.to_json()}
     return result if fresh else {**result, "duplicate": True}
 
 
-def _refuse(
-    rt: Runtime, event: TurnFailed, *, end_turn: bool = True, owner: str | None = None
-) -> bool:
-    """Announce a turn refused before it ran (`event`) and, when it has an id (and
-    `end_turn`), end it with the journal's refusal entry, in one transaction. False when
-    that turn was refused (and announced) before, or runs elsewhere (its lease held by
-    another than `owner`, this run's): nothing is written. A turn id
-    Interlock keeps for its own (`reserved`) is never ended here (only its turn may),
-    nor announced again once it ended."""
+def _refuse(rt: Runtime, event: TurnFailed, *, owner: str | None = None, own: bool = True) -> bool:
+    """Announce a turn refused before it ran (`event`) and, when it has an id, end it
+    with the journal's refusal entry, in one transaction. False when that turn was
+    refused (and announced) before, or runs elsewhere (its lease held by another than
+    `owner`, this run's): nothing is written.
+
+    A turn id Interlock keeps for its own (`reserved`) is never ended here (only its
+    turn may), nor announced again once it ended. Unless the task is that turn's `own`
+    (the resume the consumer enqueued), its refusal is announced without the turn's
+    ids: that turn has not had its answer, and whoever waits on it must not read one."""
     journal, outbox = rt.journal, rt.outbox  # built (tables created) before the transaction
     turn_id = event.turn_id
     with rt.store.writer().begin() as conn:
-        if turn_id is not None and (not end_turn or reserved(turn_id)):
+        if reserved(turn_id):
+            assert turn_id is not None
             if journal.ended_in(conn, turn_id):
                 return False  # a copy of a turn that has had its answer: nothing to say
+            if not own:
+                event = event.model_copy(
+                    update={"turn_id": None, "session_id": None, "last_snapshot_id": None}
+                )
         elif turn_id is not None and not journal.refuse_in(
             conn, event.session_id, turn_id, event.error.model_dump(mode="json"), owner=owner
         ):
@@ -251,9 +257,10 @@ def _input_of(request: TurnRequest) -> AgentInput:
 
 
 def _not_the_consumers(rt: Runtime, request: TurnRequest, why: StatusError) -> dict[str, Any]:
-    """A task `unauthentic` refuses: answered with turn.failed. Its turn is not ended
-    and the claim it names is not given back: its turn id and claim may be a real
-    resume's, sent by anyone who read decision.accepted, and that resume must still run."""
+    """A task `unauthentic` refuses: answered with turn.failed, and its turn ended like
+    any refused turn, unless its id is a reserved one (a real resume's, copied out of
+    decision.accepted: that resume must still run and have its own answer). The claim
+    it names is not given back, for the same reason."""
     hint = _RESUME_HINT if why.status == Status.PERMISSION_DENIED else ""
     error = StatusError(why.status, f"{why.message}{hint}")
     log.warning("turn %s refused: %s", request.turn_id, why.message)
@@ -265,9 +272,10 @@ def _not_the_consumers(rt: Runtime, request: TurnRequest, why: StatusError) -> d
         error=error.to_info(),
         last_snapshot_id=last_snapshot_id,
     )
-    _refuse(rt, event, end_turn=False)
+    fresh = _refuse(rt, event, own=False)
     _flush(rt)
-    return {"turn_id": request.turn_id, "error": error.to_json()}
+    result: dict[str, Any] = {"turn_id": request.turn_id, "error": error.to_json()}
+    return result if fresh else {**result, "duplicate": True}
 
 
 _RESUME_HINT = (
@@ -324,7 +332,7 @@ def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal, owner: str) ->
                 owner=owner,
             )
         if unanswered:
-            _give_back(rt, request.snapshot_id, request.claimed_by, request.turn_id)
+            _give_back(rt, request.snapshot_id, request.claimed_by)
         log.info("turn %s failed: %s", request.turn_id, error)
         failed: dict[str, Any] = {"turn_id": request.turn_id, "error": error.to_json()}
         ended_with = getattr(exc, "snapshot_id", None)

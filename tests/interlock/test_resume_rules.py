@@ -909,6 +909,37 @@ def test_new_message_while_paused_names_the_pending_interrupts() -> None:
     )
 
 
+def test_new_message_to_an_earlier_snapshot_while_paused_is_refused() -> None:
+    """`snapshot_id=` may continue an earlier snapshot (a branch), but not while the
+    session is paused: the pause would stay open beside the branch's own turn."""
+    rig = Rig({"n": 1})
+    first = rig.paused()
+    done = rig.agent.run(
+        ToolResume(respond=[rig.gate.respond(first.interrupts[0], {"value": 1})]),
+        session_id=first.session_id,
+    )
+    assert done.finish_reason is FinishReason.STOP
+    paused = rig.agent.run_text("again", session_id=first.session_id)
+    assert paused.finish_reason is FinishReason.INTERRUPTED
+    count = rig.snapshot_count()
+    rejects(
+        Status.FAILED_PRECONDITION,
+        f"session {first.session_id} is paused: answer the pending interrupts first (gate",
+        rig.agent.run_text,
+        "branch",
+        snapshot_id=done.snapshot_id,
+    )
+    assert rig.snapshot_count() == count, "nothing ran"
+    rig.agent.run(
+        ToolResume(respond=[rig.gate.respond(paused.interrupts[0], {"value": 1})]),
+        session_id=first.session_id,
+    )
+    branch = rig.agent.run_text("branch", snapshot_id=done.snapshot_id)
+    assert branch.finish_reason is FinishReason.INTERRUPTED, "once answered, a branch may go on"
+    snapshot = rig.store.get_snapshot(cast(str, branch.snapshot_id))
+    assert snapshot is not None and snapshot.parent_id == done.snapshot_id
+
+
 def test_new_message_while_paused_with_state() -> None:
     rig = Rig({"n": 1}, store=None)
     out = rig.paused()

@@ -545,7 +545,14 @@ def test_a_resume_task_copying_an_accepted_decisions_claim_is_refused(rt: Runtim
         ), (what, refused)
         assert _claim_of(rt, sid) == "d-copied", what
         assert _completed_children(rt, session, sid) == [], what
-    assert len(_failed_bodies(rt)) == len(forgeries), "each is answered with turn.failed"
+    failed = _failed_bodies(rt)
+    assert len(failed) == len(forgeries), "each is answered with turn.failed"
+    # Whoever waits on the real resume's turn (decide --wait) reads no answer yet.
+    assert payload["turn_id"] not in {f["turn_id"] for f in failed}, failed
+    copied = [f for f in failed if f["turn_id"] is None]
+    assert len(copied) == 4, "the four that copy its turn id are announced without it"
+    assert {f["session_id"] for f in copied} == {None}, copied
+    assert all(repr("d-copied") in f["error"]["message"] for f in copied), copied
     done = run_turn(rt, payload)
     assert done.get("finish_reason") == "stop", done
     [child] = _completed_children(rt, session, sid)
@@ -601,6 +608,21 @@ def test_an_unreadable_task_naming_a_claim_does_not_give_it_back(rt: Runtime) ->
     refused = run_turn(rt, garbled)
     assert refused["error"]["status"] == "INVALID_ARGUMENT", refused
     assert _claim_of(rt, sid) == "d-10"
+    assert run_turn(rt, payload).get("finish_reason") == "stop"
+
+
+def test_a_plain_task_gives_back_no_claim_whatever_its_turn_id(rt: Runtime) -> None:
+    """A refused task that names no claim releases none, whatever its turn id says: a
+    decision whose id looks like a turn's own claim (`turn:T`) keeps the pause it
+    claimed when a task with turn id T, garbled or refused, names that pause."""
+    sid, payload = _accepted(rt, "s-turn-claim", "turn:t-plain")
+    garbled = {**_message("hi", "s-turn-claim"), "turn_id": "t-plain", "snapshot_id": sid}
+    refused = run_turn(rt, {**garbled, "schema_version": 2})
+    assert refused["error"]["status"] == "INVALID_ARGUMENT", refused
+    assert _claim_of(rt, sid) == "turn:t-plain"
+    paused = run_turn(rt, {**garbled, "turn_id": "t-plain-2"})  # a message to the pause
+    assert paused["error"]["status"] == "FAILED_PRECONDITION", paused
+    assert _claim_of(rt, sid) == "turn:t-plain"
     assert run_turn(rt, payload).get("finish_reason") == "stop"
 
 
@@ -812,7 +834,8 @@ def test_a_turn_id_interlock_keeps_for_its_own_is_refused(rt: Runtime, turn_id: 
     assert refused["error"]["status"] == "INVALID_ARGUMENT", refused
     assert refused["error"]["message"].startswith(f"turn_id {turn_id!r} is reserved: "), refused
     [event] = _failed_bodies(rt)
-    assert event["turn_id"] == turn_id
+    assert event["error"] == refused["error"], event
+    assert event["turn_id"] is None, "no answer for a turn Interlock has still to run"
     with rt.store.writer().begin() as conn:
         assert not rt.journal.ended_in(conn, turn_id)
     assert (
@@ -838,3 +861,55 @@ def test_a_garbled_copy_of_a_running_turn_neither_ends_nor_answers_it(rt: Runtim
     rt.journal.end(turn, "elsewhere:1", snapshot_saved=False)
     done = run_turn(rt, message)
     assert done.get("finish_reason") == "interrupted", done
+
+
+def test_a_forged_resume_under_a_running_turns_id_announces_nothing(rt: Runtime) -> None:
+    """A resume task past the consumer that carries the id of a turn another worker is
+    running is refused (PERMISSION_DENIED) without a turn.failed for that turn: whoever
+    waits on it reads the answer the running turn gives. One under a new turn id is
+    announced, and that turn is ended: a copy of it is not announced again."""
+    sid, resume = _paused(rt, "s-forged-running")
+    running = _message("Transfer $3 to savings", "s-other-running")["turn_id"]
+    assert rt.journal.begin(running, "elsewhere:1", 30.0).kind is TurnStartKind.NEW
+    refused = run_turn(rt, _resume_task(running, resume, sid, claimed_by="forged"))
+    assert refused["error"]["status"] == "PERMISSION_DENIED", refused
+    assert refused.get("duplicate") is True, refused
+    assert _failed_bodies(rt) == []
+    assert rt.journal.holder(running) is not None, "the running turn keeps its lease"
+    task = _resume_task("t-forged-new", resume, sid, claimed_by="forged")
+    assert run_turn(rt, task)["error"]["status"] == "PERMISSION_DENIED"
+    [event] = _failed_bodies(rt)
+    assert event["turn_id"] == "t-forged-new", event
+    assert run_turn(rt, task).get("duplicate") is True
+    assert len(_failed_bodies(rt)) == 1
+    assert _claim_of(rt, sid) is None, "the pause is still to be answered"
+
+
+def test_a_message_to_a_sessions_snapshot_waits_for_its_running_turn(rt: Runtime) -> None:
+    """A new message addressed by `snapshot_id` (any snapshot id an event carried) goes
+    on in that snapshot's session: it takes the session's lease like one sent with
+    `session_id` (SessionBusy while another turn of the session runs), and is refused
+    while the session is paused, so that no second pause opens beside the first."""
+    from interlock.stores.sql_journal import session_lease
+    from workers.turns import SessionBusy
+
+    _, payload = _accepted(rt, "s-by-snapshot", "d-by-snapshot")
+    done = run_turn(rt, payload)
+    assert done.get("finish_reason") == "stop", done
+    branch = {**_message("Transfer $8 to y", "s-by-snapshot"), "session_id": None}
+    branch["snapshot_id"] = done["snapshot_id"]
+    assert rt.journal.acquire(session_lease("s-by-snapshot"), "elsewhere:1", ttl=30)
+    with pytest.raises(SessionBusy, match="session s-by-snapshot is running another turn"):
+        run_turn(rt, branch)
+    rt.journal.expire(session_lease("s-by-snapshot"), "elsewhere:1")
+    paused = run_turn(rt, _message("Transfer $9 to z", "s-by-snapshot"))
+    assert paused.get("finish_reason") == "interrupted", paused
+    refused = run_turn(rt, branch)
+    assert refused["error"]["status"] == "FAILED_PRECONDITION", refused
+    assert "is paused: answer the pending interrupts first" in refused["error"]["message"]
+    pauses = [
+        s
+        for s in rt.store.list_snapshots("s-by-snapshot", finish_reason=FinishReason.INTERRUPTED)
+        if s.resumed_by is None
+    ]
+    assert [s.snapshot_id for s in pauses] == [paused["snapshot_id"]], "one pause open"
