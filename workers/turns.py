@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import threading
@@ -28,6 +30,7 @@ from .runtime import Runtime
 __all__ = [
     "SessionBusy",
     "TurnBusy",
+    "fingerprint",
     "log_failure",
     "new_turn_request",
     "retried",
@@ -109,20 +112,25 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
         return _not_the_consumers(rt, request, forged)
     owner = f"{rt.worker_id}:{uuid.uuid4().hex[:8]}"
     session = _one_at_a_time(rt, request)
-    start = rt.journal.begin(request.turn_id, owner, rt.settings.turn_lease, session=session)
+    mark = fingerprint(request)
+    start = rt.journal.begin(
+        request.turn_id, owner, rt.settings.turn_lease, session=session, request=mark
+    )
     if start.kind is TurnStartKind.ENDED:
         log.info("turn %s already ended (%s); not running it again", request.turn_id, start.status)
         if start.status in _UNANSWERED:  # and a crash may have kept the claim: give it back
             _give_back(rt, request.snapshot_id, request.claimed_by)
         _flush(rt)
         return {"turn_id": request.turn_id, "snapshot_id": start.snapshot_id, "duplicate": True}
+    if start.kind is TurnStartKind.FOREIGN:
+        return _foreign(rt, request)
     if start.kind is TurnStartKind.SESSION_BUSY:
         assert session is not None
         _expire_if_dead(rt, session_lease(session))
         raise SessionBusy(f"session {session} is running another turn")
     taken_over = start.kind is TurnStartKind.TAKEN_OVER
     if start.kind is TurnStartKind.BUSY:
-        if not _take_from_the_dead(rt, request.turn_id, owner, session):
+        if not _take_from_the_dead(rt, request.turn_id, owner, session, mark):
             raise TurnBusy(f"turn {request.turn_id} is running elsewhere")
         taken_over = True
     _renewals(rt)
@@ -162,7 +170,17 @@ def _expire_if_dead(rt: Runtime, key: str) -> None:
         log.warning("%s: its holder %s has died here; letting it go", key, held[0])
 
 
-def _take_from_the_dead(rt: Runtime, turn_id: str, owner: str, session: str | None) -> bool:
+def fingerprint(request: TurnRequest) -> str:
+    """What a turn id names: the request that first started it, as a digest of its JSON
+    (keys sorted). A redelivery, a retry and the consumer's re-enqueue of one decision
+    carry the same request; a task reusing the id with anything else is another turn."""
+    canonical = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _take_from_the_dead(
+    rt: Runtime, turn_id: str, owner: str, session: str | None, mark: str
+) -> bool:
     """The lease of a busy turn whose holder was a process of this machine that has
     died (a pool process killed mid-turn): taken over now, not once it runs out (with
     the session's lease, which that holder had taken with it)."""
@@ -170,7 +188,7 @@ def _take_from_the_dead(rt: Runtime, turn_id: str, owner: str, session: str | No
     if held is None or not died_here(held[0]):
         return False
     ttl = rt.settings.turn_lease
-    if not rt.journal.take_from(turn_id, held[0], owner, ttl, session=session):
+    if not rt.journal.take_from(turn_id, held[0], owner, ttl, session=session, request=mark):
         return False
     log.warning("turn %s: its holder %s has died here; taking it over", turn_id, held[0])
     return True
@@ -224,21 +242,20 @@ def _refuse(rt: Runtime, event: TurnFailed, *, owner: str | None = None, own: bo
     refused (and announced) before, or runs elsewhere (its lease held by another than
     `owner`, this run's): nothing is written.
 
-    A turn id Interlock keeps for its own (`reserved`) is never ended here (only its
-    turn may), nor announced again once it ended. Unless the task is that turn's `own`
-    (the resume the consumer enqueued), its refusal is announced without the turn's
-    ids: that turn has not had its answer, and whoever waits on it must not read one."""
+    A turn id Interlock keeps for its own (`reserved`) is ended here only by its `own`
+    task (the resume the consumer enqueued). Any other task's refusal under it is
+    announced without the turn's ids (and not at all once the turn ended): that turn
+    has not had its answer, and whoever waits on it must not read one."""
     journal, outbox = rt.journal, rt.outbox  # built (tables created) before the transaction
     turn_id = event.turn_id
     with rt.store.writer().begin() as conn:
-        if reserved(turn_id):
+        if reserved(turn_id) and not own:
             assert turn_id is not None
             if journal.ended_in(conn, turn_id):
                 return False  # a copy of a turn that has had its answer: nothing to say
-            if not own:
-                event = event.model_copy(
-                    update={"turn_id": None, "session_id": None, "last_snapshot_id": None}
-                )
+            event = event.model_copy(
+                update={"turn_id": None, "session_id": None, "last_snapshot_id": None}
+            )
         elif turn_id is not None and not journal.refuse_in(
             conn, event.session_id, turn_id, event.error.model_dump(mode="json"), owner=owner
         ):
@@ -254,6 +271,22 @@ def _input_of(request: TurnRequest) -> AgentInput:
         raise StatusError(
             Status.INVALID_ARGUMENT, f"invalid run_turn request: {brief(exc, at='input')}"
         ) from exc
+
+
+def _foreign(rt: Runtime, request: TurnRequest) -> dict[str, Any]:
+    """A task under the id of a turn another request started (and that has not ended):
+    not that turn. It runs nothing and touches nothing of that turn; its turn.failed
+    (ALREADY_EXISTS) carries none of the turn's ids, since that turn has still to give
+    its own answer."""
+    error = StatusError(
+        Status.ALREADY_EXISTS,
+        f"turn_id {request.turn_id!r} names another turn, started with another request "
+        "(its agent, session or input differ): a new turn needs a new turn_id",
+    )
+    log.warning("turn %s refused: %s", request.turn_id, error.message)
+    _refuse(rt, TurnFailed(agent=request.agent, error=error.to_info()))
+    _flush(rt)
+    return {"turn_id": request.turn_id, "error": error.to_json()}
 
 
 def _not_the_consumers(rt: Runtime, request: TurnRequest, why: StatusError) -> dict[str, Any]:

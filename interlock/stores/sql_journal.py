@@ -62,6 +62,7 @@ from .sql import SqlSessionStore, _from_db
 
 __all__ = [
     "REFUSED",
+    "REQUEST",
     "SqlTurnJournal",
     "TurnStart",
     "TurnStartKind",
@@ -135,6 +136,13 @@ _LOAD = select(_JOURNAL.c.key, _JOURNAL.c.body).where(_JOURNAL.c.turn_id == bind
 _RECORD = insert(_JOURNAL)
 REFUSED = "refused"
 """The journal key that ends a turn refused before it ran (no snapshot carries it)."""
+REQUEST = "request"
+"""The journal key that holds the fingerprint of the request that first started a turn
+(`begin`): a turn id names that turn, and a start under it with another request is not
+that turn (FOREIGN), so it can neither replay its journal nor end it."""
+_REQUEST_OF = select(_JOURNAL.c.body).where(
+    _JOURNAL.c.turn_id == bindparam("p_turn"), _JOURNAL.c.key == REQUEST
+)
 _REFUSAL = select(_JOURNAL.c.body).where(
     _JOURNAL.c.turn_id == bindparam("p_turn"), _JOURNAL.c.key == REFUSED
 )
@@ -160,21 +168,34 @@ _ENDED = (
 """How a turn ended: the first snapshot carrying its id (its id and status), or else
 its refusal (no snapshot, status `refused`); no row while it has not ended."""
 
-_F_TAKE_FROM = FastStatement(_TAKE_FROM)
+_F_TAKE_FROM, _F_REQUEST_OF = FastStatement(_TAKE_FROM), FastStatement(_REQUEST_OF)
 # The hot path's statements, run on the DBAPI cursor (see `interlock.stores.fast`).
 _F_TAKE, _F_RENEW, _F_DROP_LEASE, _F_DROP_ENTRIES, _F_LOAD, _F_RECORD, _F_ENDED = (
     FastStatement(s) for s in (_TAKE, _RENEW, _DROP_LEASE, _DROP_ENTRIES, _LOAD, _RECORD, _ENDED)
 )
 
 
-def _lease_upsert(dialect: str) -> postgresql.Insert | sqlite.Insert | None:
-    """An INSERT into the leases that can take `ON CONFLICT`, in `dialect`; None in a
-    dialect without it."""
+def _lease_upsert(dialect: str, table: Table = _LEASE) -> postgresql.Insert | sqlite.Insert | None:
+    """An INSERT into the leases (or `table`) that can take `ON CONFLICT`, in `dialect`;
+    None in a dialect without it."""
     if dialect == "postgresql":
-        return postgresql.insert(_LEASE)
+        return postgresql.insert(table)
     if dialect == "sqlite":
-        return sqlite.insert(_LEASE)
+        return sqlite.insert(table)
     return None
+
+
+@cache
+def _insert_request_if_new(dialect: str) -> Insert | None:
+    """The fingerprint of the request that first starts a turn (`REQUEST`), kept unless
+    one is: INSERT .. ON CONFLICT (turn_id, key) DO NOTHING RETURNING turn_id. A row
+    comes back when it was kept; None in a dialect without `ON CONFLICT`."""
+    stmt = _lease_upsert(dialect, _JOURNAL)
+    if stmt is None:
+        return None
+    return stmt.on_conflict_do_nothing(
+        index_elements=[_JOURNAL.c.turn_id, _JOURNAL.c.key]
+    ).returning(_JOURNAL.c.turn_id)
 
 
 @cache
@@ -239,6 +260,9 @@ class TurnStartKind(enum.Enum):
     SESSION_BUSY = "session_busy"
     """Another turn of the same session holds the session's lease (this turn's own was
     given back)."""
+    FOREIGN = "foreign"
+    """Another request started this turn id first: this one is not that turn, and its
+    lease was given back as it was found."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +298,8 @@ class SqlTurnJournal:
         store.create_all(journal_metadata)
         insert_if_new = _insert_lease_if_new(store.engine.dialect.name)
         self._insert_if_new = None if insert_if_new is None else FastStatement.of(insert_if_new)
+        keep_request = _insert_request_if_new(store.engine.dialect.name)
+        self._keep_request = None if keep_request is None else FastStatement.of(keep_request)
         # PostgreSQL (read committed): the insert's NOT EXISTS sees the snapshots committed
         # when the statement began. If it then waited on the lease row of a run whose
         # ending snapshot was committing, that snapshot is visible only to a new statement.
@@ -290,7 +316,7 @@ class SqlTurnJournal:
     def load(self, session_id: str, turn_id: str) -> dict[str, Any]:
         with self.store.engine.begin() as conn:
             rows = _F_LOAD.execute(conn, {"p_turn": turn_id}).all()
-        return {str(key): json.loads(body) for key, body in rows}
+        return {str(key): json.loads(body) for key, body in rows if key != REQUEST}
 
     def record(self, session_id: str, turn_id: str, key: str, value: Any) -> None:
         row = {
@@ -351,6 +377,8 @@ class SqlTurnJournal:
         held = conn.execute(_LEASE_OWNER, {"p_turn": turn_id}).first()
         if held is not None and held[0] != owner:
             return False
+        if owner is None and _F_REQUEST_OF.execute(conn, {"p_turn": turn_id}).first():
+            return False  # a request started it (`begin`): a refusal with no lease is not it
         row = {
             "turn_id": turn_id,
             "key": REFUSED,
@@ -365,16 +393,24 @@ class SqlTurnJournal:
     # -- a worker's turn ----------------------------------------------------------------
 
     def begin(
-        self, turn_id: str, owner: str, ttl: float, *, session: str | None = None
+        self,
+        turn_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        session: str | None = None,
+        request: str | None = None,
     ) -> TurnStart:
         """Start a run of `turn_id`, in one write transaction: ENDED when a snapshot
         already carries the turn id, else take its lease for `ttl` seconds (NEW or
-        TAKEN_OVER), else BUSY. With `session`, the session's lease is taken too, in
-        the same transaction, or else the turn's is given back: SESSION_BUSY. Leases
-        taken here are renewed by `renew_held` and given up by the snapshot that ends
-        the turn, or by `end`."""
+        TAKEN_OVER), else BUSY. With `request` (the fingerprint of the run's request),
+        the first start of the turn keeps it, and a later one with another is FOREIGN
+        (the lease given back as found). With `session`, the session's lease is taken
+        too, in the same transaction, or else the turn's is given back: SESSION_BUSY.
+        Leases taken here are renewed by `renew_held` and given up by the snapshot that
+        ends the turn, or by `end`."""
         if self._insert_if_new is None or self._take_session is None:
-            return self._begin_portable(turn_id, owner, ttl, session)
+            return self._begin_portable(turn_id, owner, ttl, session, request)
         now = utcnow()
         params = {"p_turn": turn_id, "p_owner": owner, "p_now": now}
         params["p_until"] = now + timedelta(seconds=ttl)
@@ -390,19 +426,42 @@ class SqlTurnJournal:
                 kind = TurnStartKind.TAKEN_OVER
             else:
                 return TurnStart(TurnStartKind.BUSY)
+            if request is not None and not self._same_request(conn, turn_id, session, request):
+                _give_back(conn, kind, params)
+                return TurnStart(TurnStartKind.FOREIGN)
             if session is not None:
                 key = session_lease(session)
                 taken = self._take_session.execute(
                     conn, {**params, "p_key": key, "p_holder": None}
                 ).first()
-                if taken is None:  # give the turn's lease back as it was found
-                    if kind is TurnStartKind.NEW:
-                        _F_DROP_LEASE.execute(conn, params)
-                    else:
-                        _F_RENEW.execute(conn, {**params, "p_until": now})
+                if taken is None:
+                    _give_back(conn, kind, params)
                     return TurnStart(TurnStartKind.SESSION_BUSY)
         self._hold(turn_id, owner, session)
         return TurnStart(kind)
+
+    def _same_request(
+        self, conn: Connection, turn_id: str, session: str | None, request: str
+    ) -> bool:
+        """Whether `request` is the fingerprint `turn_id` was first started with; the
+        first start keeps it (a journal entry, dropped with the rest when the turn's
+        snapshot is saved). One statement for a turn's first start, where the dialect
+        has `ON CONFLICT`; the run holds the turn's lease, so no other start races it."""
+        row = {
+            "turn_id": turn_id,
+            "key": REQUEST,
+            "session_id": session or "",
+            "body": json.dumps(request),
+            "created_at": utcnow(),
+        }
+        keep = self._keep_request
+        if keep is not None and keep.execute(conn, row).first() is not None:
+            return True
+        found = _F_REQUEST_OF.execute(conn, {"p_turn": turn_id}).first()
+        if found is None:
+            _F_RECORD.execute(conn, row)
+            return True
+        return bool(json.loads(found[0]) == request)
 
     def _hold(self, turn_id: str, owner: str, session: str | None) -> None:
         with self._held_lock:
@@ -421,7 +480,7 @@ class SqlTurnJournal:
         return TurnStart(TurnStartKind.ENDED, snapshot_id, str(ended[1]))
 
     def _begin_portable(
-        self, turn_id: str, owner: str, ttl: float, session: str | None
+        self, turn_id: str, owner: str, ttl: float, session: str | None, request: str | None
     ) -> TurnStart:
         """`begin` for a database without `ON CONFLICT`: more transactions, and every
         start counts as a take-over (the journal is always read)."""
@@ -431,6 +490,12 @@ class SqlTurnJournal:
             return ended
         if not self.acquire(turn_id, owner, ttl):
             return TurnStart(TurnStartKind.BUSY)
+        if request is not None:
+            with self.store.writer(relaxed=True).begin() as conn:
+                same = self._same_request(conn, turn_id, session, request)
+            if not same:
+                self.expire(turn_id, owner)
+                return TurnStart(TurnStartKind.FOREIGN)
         if session is not None and not self.acquire(session_lease(session), owner, ttl):
             self.expire(turn_id, owner)
             return TurnStart(TurnStartKind.SESSION_BUSY)
@@ -531,12 +596,21 @@ class SqlTurnJournal:
             )
 
     def take_from(
-        self, turn_id: str, holder: str, owner: str, ttl: float, *, session: str | None = None
+        self,
+        turn_id: str,
+        holder: str,
+        owner: str,
+        ttl: float,
+        *,
+        session: str | None = None,
+        request: str | None = None,
     ) -> bool:
         """Take the turn's lease from `holder` (one that is known to have died) for
         `ttl` seconds, live or not, and with `session` the session's lease too (from
-        the same holder, or free): False when someone else holds either by now. Leases
-        taken here are renewed and given up as those `begin` took."""
+        the same holder, or free): False when someone else holds either by now, or
+        when `request` is not the fingerprint the turn was started with (its lease is
+        then left run out, for `begin` to tell). Leases taken here are renewed and given
+        up as those `begin` took."""
         now = utcnow()
         params = {
             "p_turn": turn_id,
@@ -554,6 +628,9 @@ class SqlTurnJournal:
                 if self._take_session.execute(conn, key).first() is None:
                     return False
             taken = _F_TAKE_FROM.execute(conn, params).rowcount == 1
+            if taken and request and not self._same_request(conn, turn_id, session, request):
+                _F_RENEW.execute(conn, {**params, "p_until": now})
+                taken = False
             if not taken and session is not None:  # give the session's back
                 _F_DROP_LEASE.execute(conn, {**params, "p_turn": session_lease(session)})
         if taken:
@@ -576,3 +653,12 @@ class SqlTurnJournal:
                 select(_LEASE.c.owner, _LEASE.c.expires_at).where(_LEASE.c.turn_id == turn_id)
             ).first()
         return (str(row[0]), row[1]) if row is not None else None
+
+
+def _give_back(conn: Connection, kind: TurnStartKind, params: dict[str, Any]) -> None:
+    """Give back the turn's lease `begin` took, as it was found: none (NEW), or run out
+    (TAKEN_OVER: the next start replays the journal)."""
+    if kind is TurnStartKind.NEW:
+        _F_DROP_LEASE.execute(conn, params)
+    else:
+        _F_RENEW.execute(conn, {**params, "p_until": params["p_now"]})

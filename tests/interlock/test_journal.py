@@ -294,11 +294,12 @@ def test_a_session_runs_one_turn_at_a_time(sql_journal: SqlTurnJournal, portable
     assert sql_journal.begin("t6", "w6", ttl=30, session="s1").kind is TurnStartKind.SESSION_BUSY
 
 
-def test_a_first_delivery_costs_one_statement(sql_journal: SqlTurnJournal) -> None:
+def test_a_first_delivery_costs_two_statements(sql_journal: SqlTurnJournal) -> None:
     """The usual start, a turn never run: "has it ended?" and "take its lease" are one
-    INSERT (on PostgreSQL, "ended?" is asked once more after it: see the next test);
-    the other answers are found only when it took nothing. (A refused turn keeps its
-    lease row, so the INSERT takes nothing for it.)"""
+    INSERT (on PostgreSQL, "ended?" is asked once more after it: see the next test),
+    and keeping the request's fingerprint another; the other answers are found only
+    when it took nothing. (A refused turn keeps its lease row, so the INSERT takes
+    nothing for it.)"""
     statements: list[str] = []
 
     def record(_c: Any, _cur: Any, statement: str, *_args: Any) -> None:
@@ -307,9 +308,9 @@ def test_a_first_delivery_costs_one_statement(sql_journal: SqlTurnJournal) -> No
     engine = sql_journal.store.engine
     sqla_event.listen(engine, "before_cursor_execute", record)
     try:
-        assert sql_journal.begin("turn", "w1", ttl=30).kind is TurnStartKind.NEW
+        assert sql_journal.begin("turn", "w1", ttl=30, request="r").kind is TurnStartKind.NEW
         postgresql = sql_journal.store.engine.dialect.name == "postgresql"
-        assert statements == (["INSERT", "SELECT"] if postgresql else ["INSERT"])
+        assert statements == (["INSERT", "SELECT", "INSERT"] if postgresql else ["INSERT"] * 2)
         statements.clear()
         assert sql_journal.begin("turn", "w2", ttl=30).kind is TurnStartKind.BUSY
         # took nothing: ended (a snapshot, or a refusal)? then take over an expired lease
@@ -496,6 +497,50 @@ def test_a_refusal_without_a_lease_ends_the_turn(sql_journal: SqlTurnJournal) ->
         assert not sql_journal.refuse_in(conn, None, "unread", {"status": "INVALID_ARGUMENT"})
     ended = sql_journal.begin("finished", "w1", ttl=30)
     assert (ended.kind, ended.snapshot_id) == (TurnStartKind.ENDED, snapshot_id)
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["on_conflict", "portable"])
+def test_a_turn_id_names_the_request_that_first_started_it(
+    sql_journal: SqlTurnJournal, portable: bool
+) -> None:
+    """The first start of a turn keeps its request's fingerprint. A start under the same
+    turn id with another request is FOREIGN, whether the turn's lease ran out (a run
+    that raised), was given back (its session busy) or belongs to a dead holder: it
+    takes no lease and reads no journal, and a refusal that took no lease cannot end a
+    turn so started. The turn's own request goes on from its journal."""
+    from interlock.stores.sql_journal import session_lease
+
+    started = TurnStartKind.NEW
+    if portable:
+        sql_journal._insert_if_new = sql_journal._take_session = None
+        sql_journal._keep_request = None
+        started = TurnStartKind.TAKEN_OVER
+    assert sql_journal.begin("turn", "w1", ttl=30, request="a").kind is started
+    sql_journal.record("s1", "turn", "tool:r1", {"ok": 1})
+    sql_journal.end("turn", "w1", snapshot_saved=False)  # the run raised
+    assert sql_journal.begin("turn", "w2", ttl=30, request="b").kind is TurnStartKind.FOREIGN
+    assert sql_journal.held() == {}
+    with sql_journal.store.writer().begin() as conn:
+        assert not sql_journal.refuse_in(conn, None, "turn", {"status": "INVALID_ARGUMENT"})
+    assert sql_journal.begin("turn", "w3", ttl=30, request="a").kind is TurnStartKind.TAKEN_OVER
+    assert sql_journal.load("s1", "turn") == {"tool:r1": {"ok": 1}}, "a fingerprint is no entry"
+    # w3 dies holding it: a taker from the dead with another request gets nothing
+    assert not sql_journal.take_from("turn", "w3", "w4", 30, request="b")
+    assert sql_journal.held()["turn"] == "w3", "w4 holds nothing"
+    assert sql_journal.begin("turn", "w5", ttl=30, request="a").kind is TurnStartKind.TAKEN_OVER
+
+    assert sql_journal.acquire(session_lease("s2"), "other", ttl=30)
+    waiting = sql_journal.begin("t-wait", "w1", ttl=30, session="s2", request="x")
+    assert waiting.kind is TurnStartKind.SESSION_BUSY
+    with sql_journal.store.writer().begin() as conn:
+        assert not sql_journal.refuse_in(conn, "s2", "t-wait", {"status": "INVALID_ARGUMENT"})
+    foreign = sql_journal.begin("t-wait", "w2", ttl=30, session="s2", request="y")
+    assert foreign.kind is TurnStartKind.FOREIGN
+    sql_journal.release(session_lease("s2"), "other")
+    assert sql_journal.begin("t-wait", "w3", ttl=30, session="s2", request="x").kind in (
+        TurnStartKind.NEW,
+        TurnStartKind.TAKEN_OVER,
+    )
 
 
 class _FlakyJournal(InMemoryJournal):

@@ -913,3 +913,113 @@ def test_a_message_to_a_sessions_snapshot_waits_for_its_running_turn(rt: Runtime
         if s.resumed_by is None
     ]
     assert [s.snapshot_id for s in pauses] == [paused["snapshot_id"]], "one pause open"
+
+
+class _Crash(BaseException):
+    """Stands for the worker process dying mid-turn."""
+
+
+def test_a_task_reusing_a_turn_id_neither_replays_nor_ends_that_turn(tmp_path: Path) -> None:
+    """A turn id names the request that first started it. A task sent with the id of a
+    turn whose run died mid-turn (its lease run out, its journal kept), but another
+    session and message, is not that turn: refused with ALREADY_EXISTS and a
+    turn.failed without the turn's ids. It neither replays that turn's journaled model
+    answer and tool outcomes into its own session nor ends the turn, whose redelivery
+    then goes on from its journal (the completed tool call not run again)."""
+    from interlock import Interlock, ModelRequest, scripted
+
+    registry = Interlock(secret="t")
+    crash = {"on": True}
+    ran: list[str] = []
+
+    @registry.tool(name="charge", description="a side effect")
+    def charge(inp: dict[str, Any]) -> dict[str, Any]:
+        ran.append(inp["note"])
+        return {"charged": f"card-of({inp['note']})"}
+
+    @registry.tool(name="flaky", description="the worker dies here")
+    def flaky(inp: dict[str, Any]) -> dict[str, Any]:
+        if crash["on"]:
+            raise _Crash
+        return {"ok": True}
+
+    def model(request: ModelRequest) -> Message:
+        last = request.messages[-1]
+        if last.role == "user":
+            said = last.text
+            return scripted.reply(f"noted: {said}", scripted.tool_call("charge", {"note": said}))
+        if sum(m.role == "tool" for m in request.messages) == 1:
+            return scripted.reply(scripted.tool_call("flaky", {"note": "x"}))
+        return scripted.text("done")
+
+    scripted.define(registry, "hijack", model)
+    registry.define_agent("a", model="scripted/hijack", tools=[charge, flaky])
+    settings = Settings(broker_url="memory://localhost/", store_url=f"sqlite:///{tmp_path}/j.db")
+    runtime = Runtime(settings, registry)
+
+    def message(text: str, session: str) -> dict[str, Any]:
+        said = AgentInput(message=Message(role="user", content=[Part(text=text)]))
+        request = new_turn_request("a", said, session_id=session, turn_id="t-victim")
+        return request.model_dump(mode="json")
+
+    try:
+        victim = message("my PIN is 4321", "s-victim")
+        with pytest.raises(_Crash):
+            run_turn(runtime, victim)
+        crash["on"] = False
+        assert ran == ["my PIN is 4321"]
+        holder = runtime.journal.holder("t-victim")
+        assert holder is not None, "the run that died left its lease, run out, and journal"
+
+        forged = run_turn(runtime, message("hello", "s-attacker"))
+        assert forged["error"]["status"] == "ALREADY_EXISTS", forged
+        assert forged["error"]["message"].startswith("turn_id 't-victim' names another turn")
+        [event] = _failed_bodies(runtime)
+        assert (event["turn_id"], event["session_id"]) == (None, None), event
+        assert runtime.store.get_latest_snapshot("s-attacker") is None, "nothing ran"
+        assert ran == ["my PIN is 4321"]
+
+        done = run_turn(runtime, victim)  # the victim's redelivery
+        assert done.get("finish_reason") == "stop", done
+        assert ran == ["my PIN is 4321"], "the journaled call did not run again"
+        final = runtime.store.get_snapshot(done["snapshot_id"])
+        assert final is not None and final.session_id == "s-victim"
+        assert final.messages[0].text == "my PIN is 4321"
+        assert len(_failed_bodies(runtime)) == 1
+    finally:
+        runtime.close()
+
+
+def test_a_garbled_copy_does_not_end_a_turn_waiting_for_its_session(rt: Runtime) -> None:
+    """A turn that met its session busy gave its lease back while it waits for its
+    retry; its request started it, though. A garbled task carrying its turn id is not
+    its answer: it ends nothing and announces nothing, and the retry runs the turn."""
+    from interlock.stores.sql_journal import session_lease
+    from workers.turns import SessionBusy
+
+    victim = _message("Transfer $4 to savings", "s-wait")
+    turn = victim["turn_id"]
+    assert rt.journal.acquire(session_lease("s-wait"), "elsewhere:1", ttl=30)
+    with pytest.raises(SessionBusy):
+        run_turn(rt, victim)
+    assert rt.journal.holder(turn) is None, "the waiting turn holds no lease"
+    garbled = {"schema_version": 2, "turn_id": turn, "session_id": "s-wait", "input": {}}
+    assert run_turn(rt, garbled).get("duplicate") is True
+    assert _failed_bodies(rt) == []
+    rt.journal.expire(session_lease("s-wait"), "elsewhere:1")
+    retry = run_turn(rt, victim)
+    assert retry.get("finish_reason") == "interrupted", retry
+
+
+def test_a_refused_resume_delivered_again_is_not_run_again(rt: Runtime) -> None:
+    """The consumer's resume task, refused by the worker (its agent unknown here), ends
+    its turn: delivered again (a worker lost before its ack), it is a duplicate,
+    announced once."""
+    sid, payload = _accepted(rt, "s-rerun", "d-rerun", agent="noSuchAgent")
+    first = run_turn(rt, payload)
+    assert first["error"]["status"] == "NOT_FOUND", first
+    assert _claim_of(rt, sid) is None, "the pause can be answered again"
+    again = run_turn(rt, payload)
+    assert again.get("duplicate") is True, again
+    mine = [e for e in _failed_bodies(rt) if e["turn_id"] == payload["turn_id"]]
+    assert len(mine) == 1, mine
