@@ -371,14 +371,19 @@ class SqlTurnJournal:
         ended already, refused or with a snapshot, or when its lease is held by anyone
         but `owner` (the refusing run; None: a refusal that took no lease): a copy of a
         turn that runs, or ran and may run again, elsewhere. The caller must not
-        announce it."""
+        announce it.
+
+        A refusal that took no lease also ends nothing a request has started (`begin`
+        kept its fingerprint): it takes that entry itself, so that a first start racing
+        it (PostgreSQL: the two are not otherwise serialized) waits for it and then
+        finds the turn ended."""
         if self._ended(conn, {"p_turn": turn_id}) is not None:
             return False
         held = conn.execute(_LEASE_OWNER, {"p_turn": turn_id}).first()
         if held is not None and held[0] != owner:
             return False
-        if owner is None and _F_REQUEST_OF.execute(conn, {"p_turn": turn_id}).first():
-            return False  # a request started it (`begin`): a refusal with no lease is not it
+        if owner is None and not self._kept_request(conn, turn_id, session_id, None)[0]:
+            return False  # a request started it: a refusal with no lease is not its answer
         row = {
             "turn_id": turn_id,
             "key": REFUSED,
@@ -387,7 +392,8 @@ class SqlTurnJournal:
             "created_at": utcnow(),
         }
         _F_RECORD.execute(conn, row)
-        conn.execute(_DROP_TURN_LEASE, {"p_turn": turn_id})  # the turn is over: no lease
+        if owner is not None:  # the turn is over: no lease
+            conn.execute(_DROP_TURN_LEASE, {"p_turn": turn_id})
         return True
 
     # -- a worker's turn ----------------------------------------------------------------
@@ -427,8 +433,8 @@ class SqlTurnJournal:
             else:
                 return TurnStart(TurnStartKind.BUSY)
             if request is not None and not self._same_request(conn, turn_id, session, request):
-                _give_back(conn, kind, params)
-                return TurnStart(TurnStartKind.FOREIGN)
+                _give_back(conn, kind, params)  # (a refusal that raced it may have ended it)
+                return self._ended(conn, params) or TurnStart(TurnStartKind.FOREIGN)
             if session is not None:
                 key = session_lease(session)
                 taken = self._take_session.execute(
@@ -447,21 +453,29 @@ class SqlTurnJournal:
         first start keeps it (a journal entry, dropped with the rest when the turn's
         snapshot is saved). One statement for a turn's first start, where the dialect
         has `ON CONFLICT`; the run holds the turn's lease, so no other start races it."""
+        kept, found = self._kept_request(conn, turn_id, session, request)
+        return kept or found == request
+
+    def _kept_request(
+        self, conn: Connection, turn_id: str, session: str | None, value: str | None
+    ) -> tuple[bool, Any]:
+        """Keep `value` as the turn's `REQUEST` entry unless one is kept already: (True,
+        `value`) when kept now, else (False, the one kept). A refusal keeps None."""
         row = {
             "turn_id": turn_id,
             "key": REQUEST,
             "session_id": session or "",
-            "body": json.dumps(request),
+            "body": json.dumps(value),
             "created_at": utcnow(),
         }
         keep = self._keep_request
         if keep is not None and keep.execute(conn, row).first() is not None:
-            return True
+            return True, value
         found = _F_REQUEST_OF.execute(conn, {"p_turn": turn_id}).first()
         if found is None:
             _F_RECORD.execute(conn, row)
-            return True
-        return bool(json.loads(found[0]) == request)
+            return True, value
+        return False, json.loads(found[0])
 
     def _hold(self, turn_id: str, owner: str, session: str | None) -> None:
         with self._held_lock:
@@ -495,7 +509,9 @@ class SqlTurnJournal:
                 same = self._same_request(conn, turn_id, session, request)
             if not same:
                 self.expire(turn_id, owner)
-                return TurnStart(TurnStartKind.FOREIGN)
+                with self.store.engine.begin() as conn:
+                    ended = self._ended(conn, {"p_turn": turn_id})
+                return ended or TurnStart(TurnStartKind.FOREIGN)
         if session is not None and not self.acquire(session_lease(session), owner, ttl):
             self.expire(turn_id, owner)
             return TurnStart(TurnStartKind.SESSION_BUSY)

@@ -1023,3 +1023,56 @@ def test_a_refused_resume_delivered_again_is_not_run_again(rt: Runtime) -> None:
     assert again.get("duplicate") is True, again
     mine = [e for e in _failed_bodies(rt) if e["turn_id"] == payload["turn_id"]]
     assert len(mine) == 1, mine
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_a_refusal_racing_a_turns_first_start_leaves_it_one_ending(
+    db: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A garbled copy of a turn, refused (it took no lease) in a transaction still open
+    while the real task's first start comes: the start waits for it and finds the
+    turn ended (a refused turn is over), rather than running beside a refusal that
+    would end it too. The turn has one ending: one turn.failed, and no snapshot."""
+    import threading
+    import time
+
+    url = f"sqlite:///{tmp_path}/race.db" if db == "sqlite" else request.getfixturevalue("pg_url")
+    runtime = Runtime(Settings(broker_url="memory://localhost/", store_url=url), ai)
+    victim = _message("Transfer $4 to savings", "s-race")
+    turn = victim["turn_id"]
+    outbox = runtime.outbox
+    add, in_refusal, go_on = outbox.add, threading.Event(), threading.Event()
+
+    def paused_add(conn: Any, event: Any) -> None:
+        if event.turn_id == turn and threading.current_thread().name == "garbled":
+            in_refusal.set()
+            go_on.wait(30)
+        add(conn, event)
+
+    outbox.add = paused_add  # type: ignore[method-assign]
+    garbled = {"schema_version": 2, "turn_id": turn, "session_id": "s-race", "input": {}}
+    results: dict[str, dict[str, Any]] = {}
+
+    def run(name: str, task: dict[str, Any]) -> None:
+        results[name] = run_turn(runtime, task)
+
+    threads = [
+        threading.Thread(target=run, args=(name, task), name=name)
+        for name, task in (("garbled", garbled), ("victim", victim))
+    ]
+    try:
+        threads[0].start()
+        assert in_refusal.wait(30)
+        threads[1].start()
+        time.sleep(0.3)  # the victim's start reaches the database meanwhile
+        go_on.set()
+        for thread in threads:
+            thread.join(60)
+        assert results["garbled"]["error"]["status"] == "INVALID_ARGUMENT", results
+        assert results["victim"].get("duplicate") is True, results
+        assert _failed_events(runtime, turn) == 1
+        assert _snapshots_of_turn(runtime, "s-race", turn) == []
+        assert runtime.journal.holder(turn) is None, "no lease is left behind"
+    finally:
+        go_on.set()
+        runtime.close()
