@@ -175,7 +175,7 @@ _F_TAKE, _F_RENEW, _F_DROP_LEASE, _F_DROP_ENTRIES, _F_LOAD, _F_RECORD, _F_ENDED 
 )
 
 
-def _lease_upsert(dialect: str, table: Table = _LEASE) -> postgresql.Insert | sqlite.Insert | None:
+def _upsert(dialect: str, table: Table = _LEASE) -> postgresql.Insert | sqlite.Insert | None:
     """An INSERT into the leases (or `table`) that can take `ON CONFLICT`, in `dialect`;
     None in a dialect without it."""
     if dialect == "postgresql":
@@ -190,7 +190,7 @@ def _insert_request_if_new(dialect: str) -> Insert | None:
     """The fingerprint of the request that first starts a turn (`REQUEST`), kept unless
     one is: INSERT .. ON CONFLICT (turn_id, key) DO NOTHING RETURNING turn_id. A row
     comes back when it was kept; None in a dialect without `ON CONFLICT`."""
-    stmt = _lease_upsert(dialect, _JOURNAL)
+    stmt = _upsert(dialect, _JOURNAL)
     if stmt is None:
         return None
     return stmt.on_conflict_do_nothing(
@@ -206,7 +206,7 @@ def _insert_lease_if_new(dialect: str) -> Insert | None:
     ON CONFLICT (turn_id) DO NOTHING RETURNING turn_id.
     A row comes back when it took the lease (psycopg reports no rowcount for an insert
     without RETURNING); none when the turn ended or a lease row exists."""
-    stmt = _lease_upsert(dialect)
+    stmt = _upsert(dialect)
     if stmt is None:
         return None
     new = select(
@@ -229,7 +229,7 @@ def _take_session_lease(dialect: str) -> Insert | None:
     has run out, or its holder is `p_holder` (one known to have died): INSERT .. ON
     CONFLICT (turn_id) DO UPDATE .. WHERE .. RETURNING turn_id. A row comes back when it
     was taken."""
-    stmt = _lease_upsert(dialect)
+    stmt = _upsert(dialect)
     if stmt is None:
         return None
     stmt = stmt.values(
