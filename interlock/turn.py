@@ -102,6 +102,7 @@ class Turn:
         paused = self.messages[-1]
         parts: list[Part] = []
         responses: list[Part] = []
+        executed: list[Part] = []  # restarted tools that ran to an output in this turn
         repaused = False
         for part in paused.content:
             req = part.tool_request
@@ -127,6 +128,7 @@ class Turn:
                         repaused = True
                     else:
                         response = _response(req.name, req.ref, outcome.output, "restart")
+                        executed.append(response)
             if response is not None and response.tool_response is not None:
                 responses.append(response)
                 # Kept if we re-pause; an answer also keeps its marks (`interruptResponse`,
@@ -137,7 +139,7 @@ class Turn:
             parts.append(part.model_copy(update={"metadata": meta or None}))
 
         if repaused:
-            return self._pause(parts)
+            return self._pause(parts, executed)
         resolved = [_without_pending(p) for p in parts]
         self.messages[-1] = paused.model_copy(update={"content": resolved})
         self._append_tool_message(responses)
@@ -171,7 +173,7 @@ class Turn:
                     responses.append(_response(req.name, req.ref, outcome.output))
                 parts.append(part.model_copy(update={"metadata": meta}))
             if paused:
-                return self._pause(parts)
+                return self._pause(parts, responses)
             self._append_tool_message(responses)
         raise StatusError(
             Status.ABORTED,
@@ -179,10 +181,16 @@ class Turn:
             "in one turn",
         )
 
-    def _pause(self, parts: list[Part]) -> TurnResult:
+    def _pause(self, parts: list[Part], executed: list[Part]) -> TurnResult:
+        """End the turn `interrupted`. The calls of `parts` that ran to an output in this
+        turn (`executed`) are streamed as a tool-role chunk, as executed calls always
+        are, before the chunk holding the interrupts; their outputs wait in the message
+        as `pendingOutput` and come back as the resumed turn's tool message."""
         message = self.messages[-1].model_copy(update={"content": parts})
         self.messages[-1] = message
         interrupts = [p for p in parts if p.is_interrupt()]
+        if executed:
+            self.emit(AgentChunk(model_chunk=ModelChunk(role="tool", content=executed)))
         self.emit(AgentChunk(model_chunk=ModelChunk(role="tool", content=interrupts)))
         return self._finish(FinishReason.INTERRUPTED, message)
 

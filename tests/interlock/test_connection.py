@@ -297,16 +297,69 @@ def test_tool_responses_stream_as_tool_chunks() -> None:
     with agent.connect() as conn:
         conn.send_text("go")
         chunks = list(conn.receive())
-        # the completed call's output waits on its request part; only the interrupt is streamed
+        # the completed call is streamed as it ran; its output waits on its request part
         assert kinds(chunks) == [
             "model:model:text,request,request",
+            "model:tool:response",
             "model:tool:interrupt",
             "end:interrupted",
         ]
+        ran = chunks[1].model_chunk.content[0]  # type: ignore[union-attr]
+        assert ran.tool_response is not None and ran.tool_response.name == "add"
+        assert ran.tool_response.output == {"value": 2}
         paused = conn.output()
+        assert paused.message is not None
+        request = paused.message.content[1]
+        assert (
+            request.tool_request is not None and request.tool_request.ref == ran.tool_response.ref
+        )
+        assert request.meta("pendingOutput") == {"value": 2}
         conn.send_resume(ToolResume(respond=[ask.respond(paused.interrupts[0], {"value": 0})]))
         chunks = list(conn.receive())
         assert kinds(chunks) == ["model:tool:response,response", "model:model:text", "end:stop"]
         sources = [p.meta("source") for p in chunks[0].model_chunk.content]  # type: ignore[union-attr]
         assert sources == ["pending", None]
         assert conn.output().text == '[{"value": 2}, {"value": 0}]'
+
+
+def test_a_restart_that_runs_beside_a_new_pause_is_streamed() -> None:
+    """Two interrupts; the answer restarts one (it completes) and the other asks again:
+    the re-paused turn streams the restarted call's response, then the new interrupt."""
+    ai = Interlock()
+
+    @ai.interruptible_tool(name="ask", description="")
+    def ask(inp: Num, res: dict[str, Any] | None) -> Result:
+        if res is None or (inp.n == 2 and "twice" not in res):
+            interrupt({"n": inp.n})
+        return Result(value=inp.n * 10)
+
+    def model(request: ModelRequest) -> Message:
+        if request.messages[-1].role == "user":
+            return scripted.reply(
+                scripted.tool_call("ask", {"n": 1}), scripted.tool_call("ask", {"n": 2})
+            )
+        return scripted.text("done")
+
+    scripted.define(ai, "m", model)
+    agent = ai.define_agent("x", model="scripted/m", tools=[ask], store=InMemorySessionStore())
+    with agent.connect() as conn:
+        conn.send_text("go")
+        assert kinds(list(conn.receive())) == [
+            "model:model:request,request",
+            "model:tool:interrupt,interrupt",
+            "end:interrupted",
+        ]
+        first, second = conn.output().interrupts
+        conn.send_resume(ToolResume(restart=[ask.resume(first, {}), ask.resume(second, {})]))
+        chunks = list(conn.receive())
+        assert kinds(chunks) == ["model:tool:response", "model:tool:interrupt", "end:interrupted"]
+        ran = chunks[0].model_chunk.content[0]  # type: ignore[union-attr]
+        assert ran.tool_response is not None and ran.tool_response.output == {"value": 10}
+        assert ran.meta("source") == "restart"
+        again = conn.output().interrupts
+        assert [p.tool_request.ref for p in again] == [second.tool_request.ref]  # type: ignore[union-attr]
+        conn.send_resume(ToolResume(restart=[ask.resume(again[0], {"twice": True})]))
+        chunks = list(conn.receive())
+        assert kinds(chunks) == ["model:tool:response,response", "model:model:text", "end:stop"]
+        outputs = [p.tool_response.output for p in chunks[0].model_chunk.content]  # type: ignore[union-attr]
+        assert outputs == [{"value": 10}, {"value": 20}]
