@@ -411,6 +411,42 @@ def test_submit_file_wait_prints_how_each_turn_ended(batch: Batch, tmp_path: Pat
         worker.stop()
 
 
+def test_a_file_sent_again_with_wait_names_the_turns_that_will_not_be_announced(
+    batch: Batch, tmp_path: Path
+) -> None:
+    """A file with turn ids, sent again after its turns ended: each runs once, so no
+    event comes for them; the wait ends at its timeout naming them and saying why."""
+    worker = Service("worker", ["worker", *batch.flags, "--pool", "solo"], tmp_path / "worker.log")
+    try:
+        worker.wait_for(" ready.")
+        turns = write_lines(
+            tmp_path / "turns.txt",
+            json.dumps({"text": "Hello", "turn_id": "batch-hello-1"}),
+            json.dumps({"text": "Transfer $4 to savings", "turn_id": "batch-transfer-2"}),
+        )
+        args = ("submit", *batch.flags, "--agent", "bankingAgent", "--file", turns, "--wait")
+        first = run_cli(*args)
+        assert first.returncode == 0, first.describe()
+        assert "2 of 2 turns ended" in first.stderr, first.describe()
+
+        again = run_cli(*args, "--timeout", "2")
+        assert again.returncode == 1, again.describe()
+        sent = again.json_lines()
+        assert [s["turn_id"] for s in sent] == ["batch-hello-1", "batch-transfer-2"]
+        assert all("type" not in s for s in sent), "no turn was announced again"
+        last = again.stderr.splitlines()[-1]
+        assert last == (
+            "error: DEADLINE_EXCEEDED: 0 of 2 turns ended; no end of the other 2 within 2s "
+            "(turn ids batch-hello-1, batch-transfer-2): is `interlock worker` running on "
+            "this broker and store? A turn id that had ended before it was sent again runs "
+            "once and is not announced again: `interlock pending` lists the paused"
+        ), again.describe()
+        worker.wait_for("batch-transfer-2 already ended")
+        assert len(batch.read_events(4, timeout=5)) == 2, "the first run's two events only"
+    finally:
+        worker.stop()
+
+
 def test_a_bad_line_sends_no_turn_at_all(batch: Batch, tmp_path: Path) -> None:
     turns = write_lines(
         tmp_path / "turns.txt", "Transfer $8 to savings", "Hello", '{"text": "cut short'

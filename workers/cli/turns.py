@@ -132,7 +132,8 @@ def submit(
         if waiter is not None and turn_file is None:
             waiter.turn_event(sent[0])
         elif waiter is not None:
-            waiter.turn_events(sent)
+            given = frozenset(t.turn_id for t in turns if t.turn_id is not None)
+            waiter.turn_events(sent, given)
     finally:
         if waiter is not None:
             waiter.close()

@@ -24,6 +24,9 @@ from .base import PROGRESS_EVERY, Terminated, emit, error_line
 
 __all__ = ["Waiter", "decide_hint"]
 
+_SHOWN = 5
+"""How many of the turns a timed-out batch wait still waited for it names."""
+
 
 class Waiter:
     """A queue of this command's own, bound to every event before anything is sent (so
@@ -104,9 +107,10 @@ class Waiter:
             )
         return event
 
-    def turn_events(self, turn_ids: list[str]) -> list[Any]:
+    def turn_events(self, turn_ids: list[str], given: frozenset[str] = frozenset()) -> list[Any]:
         """The event that ends each of `turn_ids`, printed as they come (`timeout`: at
-        most between two of them); then a failure if any turn failed."""
+        most between two of them); then a failure if any turn failed. `given`: the ids
+        the sender chose (a file's `turn_id`), which may name turns that ended before."""
         ends = ("turn.interrupted", "turn.completed", "turn.failed")
         waiting = set(turn_ids)
         found: list[Any] = []
@@ -117,12 +121,18 @@ class Waiter:
                 err=True,
             )
             while waiting:
-                event = self.next(
-                    f"{len(waiting)} more turns",
-                    lambda e: e.type in ends and getattr(e, "turn_id", None) in waiting,
-                    quiet=True,
-                    hint=NO_WORKER_HINT,
-                )
+                try:
+                    event = self.next(
+                        f"{len(waiting)} more turns",
+                        lambda e: e.type in ends and getattr(e, "turn_id", None) in waiting,
+                        quiet=True,
+                        hint=NO_WORKER_HINT,
+                    )
+                except StatusError as exc:
+                    if exc.status is not Status.DEADLINE_EXCEEDED:
+                        raise
+                    left = [t for t in turn_ids if t in waiting]
+                    raise StatusError(exc.status, self._unended(found, left, given)) from None
                 waiting.discard(event.turn_id)
                 found.append(event)
                 if len(found) % PROGRESS_EVERY == 0 or not waiting:
@@ -145,6 +155,22 @@ class Waiter:
                 f"{len(failed)} of {len(turn_ids)} turns failed; the first: {first.message}",
             )
         return found
+
+    def _unended(self, found: list[Any], left: list[str], given: frozenset[str]) -> str:
+        """What a batch wait that timed out says: how many turns ended, which did not (the
+        first few), and why a turn id sent before may never be announced."""
+        shown = ", ".join(left[:_SHOWN])
+        more = f" and {len(left) - _SHOWN} more" if len(left) > _SHOWN else ""
+        said = (
+            f"{len(found)} of {len(found) + len(left)} turns ended; no end of the other "
+            f"{len(left)} within {self.timeout:.0f}s (turn ids {shown}{more}): {NO_WORKER_HINT}"
+        )
+        if given.intersection(left):
+            said += (
+                " A turn id that had ended before it was sent again runs once and is not "
+                "announced again: `interlock pending` lists the paused"
+            )
+        return said
 
     def close(self) -> None:
         """Delete the queue and its binding, and let go of the connection. A broker that
