@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, TypeVar, overload
 
@@ -18,6 +21,7 @@ __all__ = [
     "interrupt",
     "interrupt_as",
     "json_of",
+    "misuses_watched",
     "respond",
     "restart",
 ]
@@ -30,6 +34,25 @@ class InterruptDataError(StatusError):
     call, so the tool fails with this status (INVALID_ARGUMENT), not INTERNAL."""
 
     default_status = Status.INVALID_ARGUMENT
+
+
+_MISUSES: ContextVar[list[InterruptDataError] | None] = ContextVar(
+    "interlock_interrupt_misuses", default=None
+)
+"""Where `interrupt()` notes its misuse during a tool call (`misuses_watched`): the
+error it raises is an `Exception`, which the tool may catch, yet the call still fails."""
+
+
+@contextlib.contextmanager
+def misuses_watched() -> Iterator[list[InterruptDataError]]:
+    """Collect the `InterruptDataError`s that `interrupt()` raises within the block
+    (also in an async tool's task, which runs in a copy of this context)."""
+    seen: list[InterruptDataError] = []
+    token = _MISUSES.set(seen)
+    try:
+        yield seen
+    finally:
+        _MISUSES.reset(token)
 
 
 class ToolInterrupt(BaseException):
@@ -54,7 +77,8 @@ def seconds(value: float | timedelta | None) -> float | None:
 def interrupt(data: Any, *, expires_in: float | timedelta | None = None) -> Any:
     """Pause the turn, surfacing `data` to the caller. Never returns. `data` must
     serialize to a JSON object (a pydantic model, a dict, a dataclass); anything else
-    fails the tool with INVALID_ARGUMENT.
+    fails the tool with INVALID_ARGUMENT (raised as `InterruptDataError`; a tool that
+    catches it fails all the same).
 
     `expires_in` (seconds or a timedelta) gives the pause a deadline: once it passes
     with no decision, the snapshot is marked `expired` and can no longer resume."""
@@ -63,9 +87,13 @@ def interrupt(data: Any, *, expires_in: float | timedelta | None = None) -> Any:
     except ValueError:  # pydantic's serialization error: a value with no JSON form
         value = None
     if not isinstance(value, dict):
-        raise InterruptDataError(
+        error = InterruptDataError(
             Status.INVALID_ARGUMENT, "interrupt data must serialize to a JSON object"
         )
+        watching = _MISUSES.get()
+        if watching is not None:  # in a tool call: it fails even if the tool catches this
+            watching.append(error)
+        raise error
     raise ToolInterrupt(value, seconds(expires_in))
 
 

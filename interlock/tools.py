@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import types
 import typing
@@ -39,8 +40,8 @@ def run_sync(value: Any) -> Any:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(_await())
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, _await()).result()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:  # in this context
+        return pool.submit(contextvars.copy_context().run, asyncio.run, _await()).result()
 
 
 def brief(exc: ValidationError, at: str = "") -> str:

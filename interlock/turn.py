@@ -22,7 +22,7 @@ from schemas import (
 from ._json import to_json_value
 from .context import ToolContext
 from .errors import InterlockError, StatusError, ToolFailedError, ToolNotFoundError
-from .interrupts import InterruptDataError, ToolInterrupt
+from .interrupts import ToolInterrupt, misuses_watched
 from .journal import TurnJournal
 from .middleware import Middleware
 from .models.base import Model
@@ -330,17 +330,22 @@ class Turn:
         for mw in reversed(self.middleware):
             call = _wrap(mw, tool, call)
         self._record_model()
-        try:
-            output = call(ctx)
-        except ToolInterrupt as pause:
-            if pause.expires_in is not None:
-                self.expires_in = min(self.expires_in or pause.expires_in, pause.expires_in)
-            return _Outcome(interrupt=pause.data, metadata=ctx.metadata)
-        except Exception as exc:
-            # A tool that misused interrupt() fails with that error's status; any other
-            # exception of a tool is INTERNAL (its own status is found by status_of).
-            status = exc.status if isinstance(exc, InterruptDataError) else None
-            raise ToolFailedError(req.name, f"tool {req.name!r} failed: {exc}", status) from exc
+        with misuses_watched() as misused:
+            try:
+                output = call(ctx)
+            except ToolInterrupt as pause:
+                if not misused:
+                    if pause.expires_in is not None:
+                        self.expires_in = min(self.expires_in or pause.expires_in, pause.expires_in)
+                    return _Outcome(interrupt=pause.data, metadata=ctx.metadata)
+            except Exception as exc:
+                if not misused:  # any exception of a tool is INTERNAL (status_of finds its own)
+                    raise ToolFailedError(req.name, f"tool {req.name!r} failed: {exc}") from exc
+        if misused:  # interrupt() misused: the tool fails with that, even if it caught it
+            error = misused[0]
+            raise ToolFailedError(
+                req.name, f"tool {req.name!r} failed: {error}", error.status
+            ) from error
         self._record(key, {"output": output, "metadata": ctx.metadata})
         return _Outcome(output=output, metadata=ctx.metadata)
 

@@ -1,5 +1,6 @@
 """Tools (§2), how a failing tool fails the turn, and the error tree (§8)."""
 
+import asyncio
 import dataclasses
 import json
 import pickle
@@ -210,6 +211,88 @@ def test_interrupt_with_non_object_data_fails_the_tool(data: Any) -> None:
     assert status_of(info.value) is Status.INVALID_ARGUMENT
     assert info.value.status is Status.INVALID_ARGUMENT, "the tool failed with it"
     assert "interrupt data must serialize to a JSON object" in info.value.message
+
+
+def _swallowing(
+    ai: Interlock, data: Any, asynchronous: bool, caught: list[Exception]
+) -> Tool[Any, Any]:
+    """A tool that misuses interrupt() and catches what it raises (into `caught`), as a
+    tool's own `except Exception` would, then returns an output as if all went well."""
+
+    def body() -> Result:
+        try:
+            interrupt(data)
+        except Exception as exc:
+            caught.append(exc)
+        return Result(value=1)
+
+    if asynchronous:
+
+        async def odd_async(inp: Num, res: dict[str, Any] | None) -> Result:
+            return body()
+
+        return ai.define_interruptible_tool("odd", "", odd_async)
+
+    def odd(inp: Num, res: dict[str, Any] | None) -> Result:
+        return body()
+
+    return ai.define_interruptible_tool("odd", "", odd)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_misused_interrupt_fails_the_tool_even_when_the_tool_catches_it(
+    asynchronous: bool,
+) -> None:
+    ai = Interlock()
+    caught: list[Exception] = []
+    agent = one_call(ai, _swallowing(ai, "please approve", asynchronous, caught), {"n": 1})
+    with pytest.raises(ToolFailedError) as info:
+        agent.run_text("go")
+    assert len(caught) == 1 and isinstance(caught[0], StatusError), "the tool caught it"
+    assert info.value.tool_name == "odd"
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert "interrupt data must serialize to a JSON object" in info.value.message
+    failed = agent.store.list_snapshots(status=SnapshotStatus.FAILED)
+    assert len(failed) == 1, "the failure is kept"
+    assert agent.store.list_snapshots(status=SnapshotStatus.COMPLETED) == [], "nothing completed"
+
+
+def test_a_misused_interrupt_in_an_async_tool_fails_it_under_a_running_loop() -> None:
+    """Run from async code (a loop is running), an async tool runs in a thread of its
+    own: the misuse is still seen there."""
+    ai = Interlock()
+    caught: list[Exception] = []
+    agent = one_call(ai, _swallowing(ai, 42, True, caught), {"n": 1})
+
+    async def main() -> BaseException | None:
+        try:
+            agent.run_text("go")
+        except ToolFailedError as exc:
+            return exc
+        return None
+
+    failed = asyncio.run(main())
+    assert len(caught) == 1, "the tool caught it"
+    assert isinstance(failed, ToolFailedError)
+    assert failed.status is Status.INVALID_ARGUMENT
+
+
+def test_a_well_formed_interrupt_after_a_caught_misuse_still_fails_the_tool() -> None:
+    ai = Interlock()
+
+    @ai.interruptible_tool(name="odd", description="")
+    def odd(inp: Num, res: dict[str, Any] | None) -> Result:
+        try:
+            interrupt(["not", "an", "object"])
+        except StatusError:
+            interrupt({"step": "approve"})
+        return Result(value=0)
+
+    agent = one_call(ai, odd, {"n": 1})
+    with pytest.raises(ToolFailedError) as info:
+        agent.run_text("go")
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert agent.store.list_snapshots(finish_reason=FinishReason.INTERRUPTED) == []
 
 
 class _NoJson:
