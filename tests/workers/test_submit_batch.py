@@ -448,3 +448,25 @@ def test_a_batch_that_sent_nothing_says_so(tmp_path: Path, lines: int, said: str
     assert last.startswith("error: UNAVAILABLE: cannot reach the broker: "), last
     assert last.endswith(f"({said})"), last
     assert result.stdout == "", "no turn printed: none was sent"
+
+
+def test_a_batch_wait_that_times_out_names_the_first_turns_it_waited_for(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """No worker: nothing ends. The timeout names five of the seven turns, counts the
+    rest, and (no turn id came from the file) says nothing of turns that ended before."""
+    path = tmp_path / "turns.txt"
+    path.write_text("".join(f"turn {n}\n" for n in range(7)))
+    result = run_cli(
+        "submit", *flags(server, tmp_path), "--agent", AGENT, "--file", str(path),
+        "--wait", "--timeout", "1",
+    )  # fmt: skip
+    assert result.returncode == 1, result.describe()
+    sent = [line["turn_id"] for line in result.json_lines()]
+    assert len(sent) == 7
+    last = result.stderr.splitlines()[-1]
+    assert last == (
+        "error: DEADLINE_EXCEEDED: 0 of 7 turns ended; no end of the other 7 within 1s "
+        f"(turn ids {', '.join(sent[:5])} and 2 more): is `interlock worker` running on "
+        "this broker and store?"
+    ), result.describe()
