@@ -22,7 +22,6 @@ from interlock import (
     respond,
 )
 from interlock.resume import check_resumable, pending_interrupts
-from interlock.stores.base import SessionStore
 from interlock.tools import brief
 from schemas import (
     MAX_DECISION_BYTES,
@@ -31,10 +30,10 @@ from schemas import (
     RespondEntry,
     RestartEntry,
     Snapshot,
-    SnapshotStatus,
     TurnRequest,
 )
 
+from .preloaded import Preloaded
 from .runtime import Runtime
 
 __all__ = [
@@ -342,7 +341,7 @@ def evaluate(rt: Runtime, decision: Decision, snapshot: Snapshot | None) -> Turn
             "send the one its turn.interrupted event carries",
         )
     check_resumable(snapshot, claimed_by=decision.decision_id)
-    agent = rt.agent(snapshot.agent).with_store(_Preloaded(rt.store, snapshot))
+    agent = rt.agent(snapshot.agent).with_store(Preloaded(rt.store, snapshot))
     resume = to_tool_resume(decision, snapshot)
     agent.validate_resume(resume, snapshot_id=snapshot.snapshot_id, claimed_by=decision.decision_id)
     return _request(decision, snapshot, resume)
@@ -381,40 +380,3 @@ def _request(decision: Decision, snapshot: Snapshot, resume: ToolResume) -> Turn
         claimed_by=decision.decision_id,
         decision_id=decision.decision_id,
     )
-
-
-class _Preloaded:
-    """`store`, except that `get_snapshot` of the snapshot just read answers with it:
-    validating a decision reads the snapshot once, not twice. Writes go to `store`
-    (validation makes none)."""
-
-    def __init__(self, store: SessionStore, snapshot: Snapshot) -> None:
-        self._store = store
-        self._snapshot = snapshot
-
-    def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
-        if snapshot_id == self._snapshot.snapshot_id:
-            return self._snapshot
-        return self._store.get_snapshot(snapshot_id)
-
-    def get_latest_snapshot(self, session_id: str) -> Snapshot | None:
-        return self._store.get_latest_snapshot(session_id)
-
-    def save_snapshot(self, snapshot: Snapshot) -> None:
-        self._store.save_snapshot(snapshot)
-
-    def claim(self, snapshot_id: str, by: str) -> bool:
-        return self._store.claim(snapshot_id, by)
-
-    def release(self, snapshot_id: str, by: str) -> None:
-        self._store.release(snapshot_id, by)
-
-    def list_snapshots(
-        self,
-        session_id: str | None = None,
-        status: SnapshotStatus | None = None,
-        finish_reason: FinishReason | None = None,
-        claimed: bool | None = None,
-        limit: int = 100,
-    ) -> list[Snapshot]:
-        return self._store.list_snapshots(session_id, status, finish_reason, claimed, limit)

@@ -13,16 +13,19 @@ of the real resume before that runs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import ValidationError
 
+from events.decision_log import DecisionRecord
 from interlock import AgentInput, Status, StatusError
 from interlock.stores.sql_journal import session_lease
-from schemas import Decision, TurnRequest, event_adapter
+from schemas import Decision, Snapshot, TurnRequest, event_adapter
 
 from .decisions import RESUME_PREFIX, parse_decision, resume_request
 from .runtime import Runtime
 
-__all__ = ["RESERVED", "reserved", "unauthentic"]
+__all__ = ["RESERVED", "TaskCheck", "check_task", "reserved"]
 
 
 RESERVED = (RESUME_PREFIX, session_lease(""))
@@ -32,12 +35,22 @@ table. A task that is no accepted decision's resume may not take one: it would e
 real resume's turn before it ran, or free a running turn's session."""
 
 
-def unauthentic(rt: Runtime, request: TurnRequest) -> StatusError | None:
-    """Why `request` may not run (None: it may go on): a resume, or a task that names a
+@dataclass(frozen=True)
+class TaskCheck:
+    """What `check_task` found: why the task may not run (`refused`; None: it may go
+    on), and for a resume that may, the paused snapshot as the check read it
+    (`paused`), so that the run need not read it again."""
+
+    refused: StatusError | None = None
+    paused: Snapshot | None = None
+
+
+def check_task(rt: Runtime, request: TurnRequest) -> TaskCheck:
+    """Whether `request` may run: refused if it is a resume, or a task that names a
     claim, that is not the resume the consumer enqueued for an accepted decision
     (PERMISSION_DENIED); or a task that takes a turn id Interlock keeps for its own
-    (INVALID_ARGUMENT). It costs a resume one read of the decision log and one of the
-    snapshot. A task that is neither (or whose input is no agent input) goes on, to run
+    (INVALID_ARGUMENT). It costs a resume one read transaction: the decision log and
+    the snapshot. A task that is neither (or whose input is no agent input) goes on, to run
     or to be refused for what it is."""
     claim = request.claimed_by
     try:
@@ -49,17 +62,23 @@ def unauthentic(rt: Runtime, request: TurnRequest) -> StatusError | None:
         if given is not None and given.resume is not None:
             return _denied(f"{pause} is not claimed by this resume (it names no claim)")
         if reserved(request.turn_id):
-            return StatusError(Status.INVALID_ARGUMENT, _reserved_said(request.turn_id))
-        return None
-    record = rt.decisions.get(claim)
-    if record is None or record.outcome != "accepted":
+            return TaskCheck(StatusError(Status.INVALID_ARGUMENT, _reserved_said(request.turn_id)))
+        return TaskCheck()
+    # One read transaction for the log and the snapshot, as the consumer reads them.
+    snapshot_id, snapshot = request.snapshot_id, None
+    with rt.store.reader().connect() as conn, conn.begin():
+        record = rt.decisions.get(claim, conn=conn)
+        accepted = record is not None and record.outcome == "accepted"
+        if accepted and given is not None and snapshot_id is not None:
+            snapshot = rt.store.get_snapshot_in(conn, snapshot_id)
+    if record is None or not accepted:
         return _denied(f"{pause} is not claimed by {claim!r}: no decision of that id was accepted")
-    if given is None or not _is_its_resume(rt, record.body, record.event_body, request, given):
+    if given is None or snapshot is None or not _is_its_resume(record, snapshot, request, given):
         return _denied(
             f"{pause} is claimed by decision {claim!r}, but this task is not the resume "
             "the resume consumer enqueued for it"
         )
-    return None
+    return TaskCheck(paused=snapshot)
 
 
 def reserved(turn_id: str | None) -> bool:
@@ -75,25 +94,22 @@ def _reserved_said(turn_id: str) -> str:
     )
 
 
-def _denied(reason: str) -> StatusError:
-    return StatusError(Status.PERMISSION_DENIED, reason)
+def _denied(reason: str) -> TaskCheck:
+    return TaskCheck(StatusError(Status.PERMISSION_DENIED, reason))
 
 
 def _is_its_resume(
-    rt: Runtime, body: str, event_body: str, request: TurnRequest, given: AgentInput
+    record: DecisionRecord, snapshot: Snapshot, request: TurnRequest, given: AgentInput
 ) -> bool:
-    """Whether `request` (its input `given`) is the resume of the decision kept as
-    `body`, whose `decision.accepted` is `event_body`: the same turn id, agent, snapshot
-    and answers, built again as the consumer built them (a restart entry without input
-    takes the interrupted call's, read from the snapshot)."""
-    decision = parse_decision(body, "application/json")
+    """Whether `request` (its input `given`) is the resume of the accepted decision
+    `record` keeps, on the pause `snapshot` (the one `request` names): the same turn id,
+    agent, snapshot and answers, built again as the consumer built them (a restart entry
+    without input takes the interrupted call's, read from the snapshot)."""
+    decision = parse_decision(record.body, "application/json")
     if not isinstance(decision, Decision) or given.resume is None:
         return False
-    accepted = event_adapter.validate_json(event_body)
-    if request.agent != accepted.agent or request.snapshot_id != decision.snapshot_id:
-        return False
-    snapshot = rt.store.get_snapshot(decision.snapshot_id)
-    if snapshot is None:
+    accepted = event_adapter.validate_json(record.event_body)
+    if request.agent != accepted.agent or snapshot.snapshot_id != decision.snapshot_id:
         return False
     expected = resume_request(decision, snapshot)
     ids = {"agent", "input"}  # the agent as accepted; the input compared as parsed

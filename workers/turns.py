@@ -20,11 +20,12 @@ from interlock.journal import TurnJournal
 from interlock.stores.failures import first_line, is_store_failure
 from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, TurnStartKind, session_lease
 from interlock.tools import brief
-from schemas import SnapshotStatus, TurnFailed, TurnRequest
+from schemas import Snapshot, SnapshotStatus, TurnFailed, TurnRequest
 
 from .decisions import unstorable
 from .holders import died_here
-from .resume_check import reserved, unauthentic
+from .preloaded import Preloaded
+from .resume_check import check_task, reserved
 from .runtime import Runtime
 
 __all__ = [
@@ -107,9 +108,9 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
     bad = unstorable(payload)
     if bad is not None:  # no text column can keep it (PostgreSQL): retrying cannot help
         return _unreadable(rt, payload, f"run_turn request contains {bad}")
-    forged = unauthentic(rt, request)
-    if forged is not None:
-        return _not_the_consumers(rt, request, forged)
+    checked = check_task(rt, request)
+    if checked.refused is not None:
+        return _not_the_consumers(rt, request, checked.refused)
     owner = f"{rt.worker_id}:{uuid.uuid4().hex[:8]}"
     session = _one_at_a_time(rt, request)
     mark = fingerprint(request)
@@ -134,11 +135,14 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
             raise TurnBusy(f"turn {request.turn_id} is running elsewhere")
         taken_over = True
     _renewals(rt)
-    # A first run has nothing to replay: skip reading the journal.
+    # A first run has nothing to replay: skip reading the journal. Nor has any run of
+    # this resume released its claim (only its own runs do): the pause its check read
+    # is the pause as it stands, and is not read again.
     journal = rt.journal if taken_over else _FirstRun(rt.journal)
+    paused = None if taken_over else checked.paused
     saved = False
     try:
-        result = _run(rt, request, journal, owner)
+        result = _run(rt, request, journal, owner, paused)
         saved = "snapshot_id" in result
     finally:
         rt.journal.end(request.turn_id, owner, snapshot_saved=saved)
@@ -290,7 +294,7 @@ def _foreign(rt: Runtime, request: TurnRequest) -> dict[str, Any]:
 
 
 def _not_the_consumers(rt: Runtime, request: TurnRequest, why: StatusError) -> dict[str, Any]:
-    """A task `unauthentic` refuses: answered with turn.failed, and its turn ended like
+    """A task `check_task` refuses: answered with turn.failed, and its turn ended like
     any refused turn, unless its id is a reserved one (a real resume's, copied out of
     decision.accepted: that resume must still run and have its own answer). The claim
     it names is not given back, for the same reason."""
@@ -318,9 +322,17 @@ _RESUME_HINT = (
 )
 
 
-def _run(rt: Runtime, request: TurnRequest, journal: TurnJournal, owner: str) -> dict[str, Any]:
+def _run(
+    rt: Runtime,
+    request: TurnRequest,
+    journal: TurnJournal,
+    owner: str,
+    paused: Snapshot | None = None,
+) -> dict[str, Any]:
     try:
         agent = rt.agent(request.agent)
+        if paused is not None:
+            agent = agent.with_store(Preloaded(rt.store, paused))
         out = agent.run(
             _input_of(request),
             session_id=request.session_id,

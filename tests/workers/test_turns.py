@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -1076,3 +1077,42 @@ def test_a_refusal_racing_a_turns_first_start_leaves_it_one_ending(
     finally:
         go_on.set()
         runtime.close()
+
+
+def _reads_of(rt: Runtime, sid: str, run: Any) -> tuple[Any, int]:
+    """`run()`'s result, and how many statements load snapshot `sid` (its status and
+    claim: the reads a run's checks go by)."""
+    from sqlalchemy import event
+
+    reads: list[str] = []
+
+    def seen(_c: Any, _cur: Any, statement: str, params: Any, *_args: Any) -> None:
+        values = params.values() if isinstance(params, dict) else params
+        selected = statement.partition(" FROM ")[0]
+        if selected.startswith("SELECT") and "resumed_by" in selected and sid in values:
+            reads.append(statement)
+
+    event.listen(rt.store.engine, "before_cursor_execute", seen)
+    try:
+        return run(), len(reads)
+    finally:
+        event.remove(rt.store.engine, "before_cursor_execute", seen)
+
+
+def test_a_resume_reads_its_pause_once_unless_an_earlier_run_held_it(rt: Runtime) -> None:
+    """A resume's first delivery runs on the pause its check read (no run of it can have
+    given its claim back yet). A delivery that takes over a run's lease reads the pause
+    again, as it stands now. Both complete the turn once."""
+    sid, payload = _accepted(rt, "s-read-once", "d-read-once")
+    done, reads = _reads_of(rt, sid, lambda: run_turn(rt, payload))
+    assert done["finish_reason"] == "stop", done
+    assert reads == 1, f"the pause was read {reads} times"
+
+    sid2, payload2 = _accepted(rt, "s-read-twice", "d-read-twice")
+    journal: SqlTurnJournal = rt.journal
+    assert journal.begin(payload2["turn_id"], "dead-run", ttl=0.01).kind is TurnStartKind.NEW
+    time.sleep(0.05)  # that run's lease runs out: the next delivery takes it over
+    done2, reads2 = _reads_of(rt, sid2, lambda: run_turn(rt, payload2))
+    assert done2["finish_reason"] == "stop", done2
+    assert reads2 == 2, f"the pause was read {reads2} times"
+    assert len(_completed_children(rt, "s-read-twice", sid2)) == 1
