@@ -33,7 +33,7 @@ from .errors import (
     SnapshotNotFoundError,
     StatusError,
 )
-from .journal import TurnJournal
+from .journal import TurnJournal, session_for_turn
 from .middleware import Middleware
 from .resume import Answer, check_resumable, passed_deadline, pending_interrupts, plan_resume
 from .stores.base import SessionStore
@@ -188,13 +188,15 @@ class Agent:
         journal: TurnJournal | None,
         claim_required: bool = False,
     ) -> AgentOutput:
-        base = self._address(agent_input, session_id, snapshot_id, state)
-        answers: Mapping[str, Answer] | None = None
-        claim: str | None = None
         # A run with a journal is one that may run again (a queued turn delivered again
-        # after its worker died). Without a caller's claim, its resume claims under its
+        # after its worker died). A session it begins is named after its turn id, so the
+        # next run goes on in it. Without a caller's claim, its resume claims under its
         # turn id, and the next run of the same turn goes on under that claim.
         again = journal is not None
+        fresh = session_for_turn(turn_id) if again and turn_id else None
+        base = self._address(agent_input, session_id, snapshot_id, state, new_session=fresh)
+        answers: Mapping[str, Answer] | None = None
+        claim: str | None = None
         claimer = claimed_by or (f"turn:{turn_id}" if again and turn_id else _new_id())
         turn_id = turn_id or _new_id()
         try:
@@ -300,11 +302,19 @@ class Agent:
         session_id: str | None,
         snapshot_id: str | None,
         state: str | None,
+        *,
+        new_session: str | None = None,
     ) -> _Base:
         """`_base`; for a resume, how the session is addressed is the first of its checks
         (rule 7), and a failure is a `ResumeValidationError`."""
         try:
-            return self._base(session_id, snapshot_id, state, resume=agent_input.resume is not None)
+            return self._base(
+                session_id,
+                snapshot_id,
+                state,
+                resume=agent_input.resume is not None,
+                new_session=new_session,
+            )
         except SnapshotNotFoundError as exc:
             if agent_input.resume is None:
                 raise
@@ -321,7 +331,10 @@ class Agent:
         state: str | None,
         *,
         resume: bool = False,
+        new_session: str | None = None,
     ) -> _Base:
+        """The session and snapshot a run goes on from; a new session (none named) gets
+        the id `new_session`, else a random one."""
         if self.store is None:
             if session_id is not None or snapshot_id is not None:
                 raise StatusError(
@@ -330,7 +343,7 @@ class Agent:
                     "output (state=...), not a session or snapshot id",
                 )
             if state is None:
-                return _Base(_new_id(), None)
+                return _Base(new_session or _new_id(), None)
             snapshot = self.registry.state_codec.decode(state)
             if snapshot.agent != self.name:
                 raise StatusError(
@@ -369,7 +382,7 @@ class Agent:
                     f"session {session_id} belongs to agent {latest.agent!r}, not {self.name!r}",
                 )
             return _Base(session_id, latest)
-        return _Base(_new_id(), None)
+        return _Base(new_session or _new_id(), None)
 
     def _session_snapshot(self, session_id: str, *, resume: bool) -> Snapshot | None:
         """The snapshot that `session_id=` continues: the session's latest `completed`

@@ -19,9 +19,21 @@ call's ref, and the ref is replayed), so a tool that passes it to the outside sy
 from __future__ import annotations
 
 import threading
+import uuid
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["InMemoryJournal", "TurnJournal"]
+__all__ = ["InMemoryJournal", "TurnJournal", "session_for_turn"]
+
+_TURN_SESSIONS = uuid.UUID("d61b228a-9bea-4d19-932f-e4a43089ac06")
+"""The namespace of the sessions named after a turn id (`session_for_turn`)."""
+
+
+def session_for_turn(turn_id: str) -> str:
+    """The session a turn that names none begins, when it may run again (a run with a
+    journal): the same on every run of `turn_id`, so that a run after a crash goes on in
+    the session the first one began, its journal replays, and each call keeps its
+    `ctx.idempotency_key` (which depends on the session)."""
+    return str(uuid.uuid5(_TURN_SESSIONS, turn_id))
 
 
 @runtime_checkable

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from interlock import Status, StatusError
+from interlock.journal import session_for_turn
 
 from .decisions import unstorable
 
@@ -35,9 +36,6 @@ SHOWN = 10
 
 FIELDS = ("text", "session_id", "turn_id")
 """The fields of a JSON line."""
-
-_TURN_SESSIONS = uuid.UUID("d61b228a-9bea-4d19-932f-e4a43089ac06")
-"""The namespace of the sessions named after a turn id (`session_for`)."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +95,7 @@ def session_for(turn: FileTurn) -> str:
     if turn.session_id is not None:
         return turn.session_id
     if turn.turn_id is not None:
-        return str(uuid.uuid5(_TURN_SESSIONS, turn.turn_id))
+        return session_for_turn(turn.turn_id)
     return str(uuid.uuid4())
 
 

@@ -28,7 +28,7 @@ from interlock import (
     interrupt,
     scripted,
 )
-from interlock.journal import InMemoryJournal, TurnJournal
+from interlock.journal import InMemoryJournal, TurnJournal, session_for_turn
 from interlock.stores.sql_journal import SqlTurnJournal, TurnStartKind
 
 
@@ -119,6 +119,46 @@ def test_redelivered_turn_replays_model_and_completed_tools(journal: TurnJournal
         p for p in out.message.content if p.tool_request and p.tool_request.name == "charge"
     )
     assert charge_part.meta("pendingOutput") == {"charged": 5}
+
+
+def test_a_turn_that_names_no_session_runs_again_in_the_same_one(journal: TurnJournal) -> None:
+    """A first message with no session named (a queued turn a client sent without one)
+    runs again after a crash in the session its first run began: its journal replays,
+    and a call that did not finish keeps its `ctx.idempotency_key`, so the outside
+    system sees the same request again, not a new one."""
+    ai = Interlock(secret="t")
+    keys: list[str] = []
+    dies = [True]
+
+    @ai.tool(name="pay", description="pays; the process dies inside the first time")
+    def pay(inp: Amount, ctx: ToolContext) -> dict[str, Any]:
+        keys.append(ctx.idempotency_key)
+        if dies and dies.pop():
+            raise Crash
+        return {"paid": inp.n}
+
+    calls: list[int] = []
+
+    def model(request: ModelRequest) -> Message:
+        calls.append(1)
+        if request.messages[-1].role == "user":
+            return scripted.reply(scripted.tool_call("pay", {"n": 3}))
+        return scripted.text("paid")
+
+    scripted.define(ai, "pay-once", model)
+    store = InMemorySessionStore()
+    agent = ai.define_agent("pay", model="scripted/pay-once", tools=[pay], store=store)
+    with pytest.raises(Crash):
+        agent.run_text("go", turn_id="t-no-session", journal=journal)
+    out = agent.run_text("go", turn_id="t-no-session", journal=journal)
+    assert out.text == "paid"
+    assert len(keys) == 2 and keys[0] == keys[1], "the retried call kept its key"
+    assert len(calls) == 2, "the model's first answer was replayed, not asked again"
+    assert out.session_id == session_for_turn("t-no-session")
+    other = agent.run_text("go", turn_id="t-other", journal=journal)
+    assert other.session_id not in (None, out.session_id), "another turn, another session"
+    no_journal = agent.run_text("go", turn_id="t-no-session")
+    assert no_journal.session_id != out.session_id, "a run without a journal runs once"
 
 
 def test_without_a_journal_the_tool_runs_again() -> None:

@@ -237,16 +237,20 @@ class Submitter:
 
     def __call__(self, **plan: Any) -> Submitted:
         from interlock import AgentInput, Message, Part
+        from interlock.journal import session_for_turn
         from workers.app import send_turn
         from workers.turns import new_turn_request
 
+        named = plan.pop("named_session", True)
         full = Plan(tag=plan.pop("tag", None) or f"t-{uuid.uuid4().hex[:12]}", **plan)
         session_id = str(uuid.uuid4())
         request = new_turn_request(
             AGENT,
             AgentInput(message=Message(role="user", content=[Part(text=full.model_dump_json())])),
-            session_id=session_id,
+            session_id=session_id if named else None,
         )
+        if not named:  # the worker names the session after the turn, on every run of it
+            session_id = session_for_turn(request.turn_id)
         send_turn(self.app, request)
         turn = Submitted(full.tag, session_id, request.turn_id, full)
         self.turns[session_id] = turn
@@ -537,16 +541,18 @@ def charged_key(event: Any) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("moment", ["tool-running", "tool-returned"])
+@pytest.mark.parametrize("moment", ["tool-running", "tool-returned", "tool-running-no-session"])
 def test_worker_killed_mid_turn(
     stack: FaultStack, dash: FaultDashboard, submit: Submitter, db: Ledger, moment: str
 ) -> None:
     """SIGKILL the worker (main process and prefork children) while the tool runs (its
     effect done, its journal entry not written), or right after it returned (journaled)
     while the model's next step runs. A new worker finishes the turn; the journaled
-    model step and tool call are not done again; the effect happened once."""
-    if moment == "tool-running":
-        turn = submit(sleep=120)
+    model step and tool call are not done again; the effect happened once. A turn sent
+    with no session named goes on in the session its first run began (the key of a
+    call depends on it)."""
+    if moment.startswith("tool-running"):
+        turn = submit(sleep=120, named_session=not moment.endswith("no-session"))
         # the effect, not just the attempt: the tool records them in two transactions
         db.wait(lambda: db.effects(turn.tag) == 1, "the tool's side effect")
     else:
@@ -565,7 +571,7 @@ def test_worker_killed_mid_turn(
     assert db.value("SELECT key FROM fault_effects WHERE tag = %s", turn.tag) == key
     assert db.effects(turn.tag) == 1
     assert db.model_calls(turn.tag, 0) == 1  # the tool call was replayed, not asked again
-    if moment == "tool-running":
+    if moment.startswith("tool-running"):
         # not journaled: the tool ran again, with the same idempotency key (the call's
         # ref was replayed), so the outside system kept one effect
         assert db.attempts(turn.tag) == 2
