@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import click
@@ -197,16 +198,32 @@ class Waiter:
         )
 
 
-def decide_hint(settings: Settings, snapshot_id: str, token: str) -> str:
-    """How to answer a pause from the command line, with the `--broker`/`--store` that
-    are not the defaults (passwords hidden; `decide` reads INTERLOCK_* as this command
-    did), so that it runs as pasted."""
+def decide_hint(
+    settings: Settings, snapshot_id: str, token: str, env: Mapping[str, str] | None = None
+) -> str:
+    """How to answer a pause from the command line. It repeats the `--broker`/`--store`
+    that `decide` would not find itself: not the defaults, nor what `env` (the process's
+    environment) holds, which `decide` reads too. A password in a repeated URL is
+    hidden, and the hint says so. A store left at its default may not be the workers':
+    the hint says that too (this command does not read the store)."""
+    env = os.environ if env is None else env
     given = (
-        ("--broker", settings.broker_url, DEFAULT_BROKER),
-        ("--store", settings.store_url, DEFAULT_STORE),
+        ("--broker", settings.broker_url, DEFAULT_BROKER, "INTERLOCK_BROKER_URL"),
+        ("--store", settings.store_url, DEFAULT_STORE, "INTERLOCK_STORE_URL"),
     )
-    flags = "".join(f" {flag} {redact_url(url)}" for flag, url, default in given if url != default)
+    flags, hidden = "", False
+    for flag, url, default, variable in given:
+        if url == default or env.get(variable) == url:
+            continue
+        shown = redact_url(url)
+        hidden = hidden or shown != url
+        flags += f" {flag} {shown}"
+    notes = ["or --deny, --respond JSON"]
+    if hidden:
+        notes.append("put the password back where *** stands")
+    if settings.store_url == DEFAULT_STORE:
+        notes.append(f"add --store URL if your workers' store is not {DEFAULT_STORE}")
     return (
         f"answer with `interlock decide {snapshot_id} --token {token}{flags} --approve` "
-        "(or --deny, --respond JSON)"
+        f"({'; '.join(notes)})"
     )
