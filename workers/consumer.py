@@ -195,19 +195,38 @@ class ResumeConsumer(ConsumerMixin):
         decision's outcome where it names one."""
         raw = body.encode() if isinstance(body, str) else bytes(body or b"")
         reason = f"decision could not be processed: {type(exc).__name__}: {exc}"[:2000]
-        self.rt.publisher.dead_letter(raw, reason, headers)
         parsed = parse_decision(raw, "application/json")
         ids = _ids(parsed) if isinstance(parsed, Decision) else {}
         event = DecisionRejected(**ids, error=ErrorInfo(status=Status.INTERNAL, message=reason))
+        keep = self._dead_letter(raw, reason, headers, ids.get("decision_id"))
         if isinstance(parsed, Decision):  # its one outcome: a repeat gets it again
             try:
-                self._record_and_publish(parsed.decision_id, raw, event, parsed.reviewer, None)
+                self._record_and_publish(
+                    parsed.decision_id, raw, event, parsed.reviewer, None, before=keep
+                )
                 return
             except _CONTENT_ERRORS:  # the log cannot keep it either: announced unrecorded
                 log.exception(
                     "the outcome of decision %s could not be recorded", parsed.decision_id
                 )
+        keep(event)
         self.rt.publisher.publish_event(event)
+
+    def _dead_letter(
+        self, raw: bytes, reason: str, headers: dict[str, Any], decision_id: str | None
+    ) -> Callable[[EventBase], None]:
+        """What keeps `raw` on the dead-letter queue once its outcome is known: the dead
+        letter names the decision_id read from it (or null) and the event_id of the
+        outcome published for it, the same on every delivery of a decision_id (its
+        first outcome), so that a reader can pair the two and drop a repeated one."""
+
+        def keep(outcome: EventBase) -> None:
+            self.rt.publisher.dead_letter(
+                raw, reason, headers, decision_id=decision_id, event_id=outcome.event_id
+            )
+            log.warning("kept an unreadable decision on %s: %s", DECISIONS_DEAD.name, reason)
+
+        return keep
 
     def handle(
         self, body: bytes | str, content_type: str | None, headers: dict[str, Any]
@@ -221,18 +240,18 @@ class ResumeConsumer(ConsumerMixin):
             else parse_decision(raw, content_type)
         )
         if isinstance(parsed, ParseFailure):
-            self.rt.publisher.dead_letter(raw, parsed.reason, headers)
-            log.warning("kept an unreadable decision on %s: %s", DECISIONS_DEAD.name, parsed.reason)
             event: EventBase = DecisionRejected(
                 decision_id=parsed.decision_id,
                 reviewer=parsed.reviewer,
                 snapshot_id=parsed.snapshot_id,
                 error=ErrorInfo(status=Status.INVALID_ARGUMENT, message=parsed.reason),
             )
+            keep = self._dead_letter(raw, parsed.reason, headers, parsed.decision_id)
             if parsed.decision_id is not None:
                 return self._record_and_publish(
-                    parsed.decision_id, raw, event, parsed.reviewer, None
+                    parsed.decision_id, raw, event, parsed.reviewer, None, before=keep
                 )
+            keep(event)
             self.rt.publisher.publish_event(event)
             return event
         return self._decide(parsed, raw)
@@ -318,16 +337,22 @@ class ResumeConsumer(ConsumerMixin):
             decision.decision_id, raw, event, decision.reviewer, session_id
         )
 
-    def _repeat(self, prior: DecisionRecord) -> EventBase:
+    def _repeat(
+        self, prior: DecisionRecord, before: Callable[[EventBase], None] | None = None
+    ) -> EventBase:
         """A decision_id seen before gets its first outcome again, not a second
         evaluation. An accepted one then has its resume enqueued again: the delivery
         that accepted it may have died, or failed to enqueue, after the commit. It is the
-        same turn (its id comes from the decision_id), and workers run a turn id once."""
+        same turn (its id comes from the decision_id), and workers run a turn id once.
+        `before` gets that outcome before it is published."""
         self._repeated = True
+        event = _event(prior.event_body)
+        if before is not None:
+            before(event)
         self.rt.publisher.publish_raw_event(prior.event_type, prior.event_body)
         if prior.outcome == "accepted":
             self._enqueue_again(prior)
-        return _event(prior.event_body)
+        return event
 
     def _enqueue_again(self, prior: DecisionRecord) -> None:
         decision = parse_decision(prior.body, "application/json")
@@ -363,7 +388,12 @@ class ResumeConsumer(ConsumerMixin):
         event: EventBase,
         reviewer: str | None,
         session_id: str | None,
+        *,
+        before: Callable[[EventBase], None] | None = None,
     ) -> EventBase:
+        """Record `event` as the outcome of `decision_id` and publish it; or, if another
+        delivery decided it first, publish that first outcome again. `before` gets the
+        outcome before it is published (the dead letter that goes with it)."""
         earlier = self.rt.decisions.record(
             decision_id=decision_id,
             body=_text(raw),
@@ -372,7 +402,9 @@ class ResumeConsumer(ConsumerMixin):
             session_id=session_id,
         )
         if earlier is not None:  # another consumer decided it first: repeat its outcome
-            return self._repeat(earlier)
+            return self._repeat(earlier, before)
+        if before is not None:
+            before(event)
         self.rt.publisher.publish_event(event)
         return event
 

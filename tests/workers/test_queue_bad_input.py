@@ -309,6 +309,8 @@ def unreadable(
     assert wire["decision_id"] is None
     assert wire["error"]["status"] == "INVALID_ARGUMENT"
     assert reason in wire["error"]["message"]
+    # the dead letter names the rejection that announced it (and no decision id)
+    assert (envelope["decision_id"], envelope["event_id"]) == (None, wire["event_id"]), envelope
     return wire, envelope, dead_headers, dead_type
 
 
@@ -329,6 +331,39 @@ def test_unreadable_body_is_rejected_and_dead_lettered(
     assert envelope["reason"] == wire["error"]["message"]
     assert headers.get("x-reason") == envelope["reason"]
     assert base64.b64decode(envelope["body_base64"]) == body
+
+
+def test_a_dead_letter_sent_twice_names_one_decision_and_one_outcome(
+    dash: Dashboard, stack: QueueStack
+) -> None:
+    """An unreadable decision with a readable id, delivered twice (a client resending,
+    a consumer killed before its ack): kept twice, as each delivery was, and both dead
+    letters name its decision_id and the event_id of its one outcome, published again
+    the second time. A reader pairs them with the rejection and drops the repeat."""
+    decision_id = str(uuid.uuid4())
+    body = {"schema_version": 2, "decision_id": decision_id, "snapshot_id": "s"}
+    nonces = [str(uuid.uuid4()), str(uuid.uuid4())]
+    dead = dead_reader(stack.broker_url)
+    try:
+        letters = []
+        for nth, nonce in enumerate(nonces, start=1):
+            dash.publish_json(body, headers={"x-test-nonce": nonce})
+            event = dash.outcome(decision_id, nth)
+
+            def tagged(m: dict[str, Any], n: str = nonce) -> bool:
+                return bool(m.get("headers", {}).get("x-test-nonce") == n)
+
+            letter, _headers, _type = dead.wait(tagged, "dead letter")
+            letters.append((event.model_dump(mode="json"), letter))
+    finally:
+        dead.close()
+    (first, one), (again, two) = letters
+    assert first["type"] == "decision.rejected" and first["error"]["status"] == "INVALID_ARGUMENT"
+    assert again == first, "the first outcome, published again"
+    for letter in (one, two):
+        assert letter["decision_id"] == decision_id, letter
+        assert letter["event_id"] == first["event_id"], letter
+        assert "schema_version" in letter["reason"], letter
 
 
 def test_a_decision_of_the_wrong_content_type_is_rejected_under_its_id(
