@@ -13,7 +13,6 @@ from interlock import AgentInput, Message, Part, Status, StatusError
 from ..settings import NO_CONSUMER_HINT
 from .base import (
     PROGRESS_EVERY,
-    app_option,
     broker_option,
     clear_errors,
     emit,
@@ -60,7 +59,12 @@ def login_name() -> str | None:
 
 
 @main.command(short_help="Enqueue a turn (or a file of them).")
-@app_option
+@click.option(
+    "--app",
+    envvar="INTERLOCK_APP",
+    help="Module defining the registry, MODULE:OBJ; required: --agent is checked against "
+    "it before anything is sent. [env: INTERLOCK_APP]",
+)
 @broker_option
 @unused_store_option
 @click.option("--agent", "agent_name", required=True, help="Agent name in the registry.")
