@@ -32,7 +32,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import OperationalError
 
 from events.decision_log import DecisionLog
-from events.topology import DECISIONS, TURNS_QUEUE, event_queue
+from events.topology import DECISIONS, DECISIONS_DEAD, TURNS_QUEUE, event_queue
 from examples.banking import ai
 from schemas import EventBase, event_adapter
 from tests.services import free_port
@@ -62,8 +62,10 @@ class Rig:
         self.conn = Connection(broker_url)
         self.turns = self.conn.SimpleQueue(TURNS_QUEUE)
         self.decisions = self.conn.SimpleQueue(DECISIONS)
+        self.dead = self.conn.SimpleQueue(DECISIONS_DEAD)
         self.turns.clear()
         self.decisions.clear()
+        self.dead.clear()
         pattern = event_queue(f"test.outcomes.{uuid.uuid4()}", "decision.#")
         self.outcomes = self.conn.SimpleQueue(pattern)
         self.rt = runtime_of(self.consumer().app)
@@ -106,6 +108,10 @@ class Rig:
         """The outcome events published since the last call."""
         return [event_adapter.validate_json(m.body) for m in _drain(self.outcomes)]
 
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """The dead letters kept since the last call (their JSON)."""
+        return [json.loads(m.body) for m in _drain(self.dead)]
+
     def claimed_by(self, snapshot_id: str) -> str | None:
         snapshot = self.rt.store.get_snapshot(snapshot_id)
         assert snapshot is not None
@@ -120,7 +126,7 @@ class Rig:
 
     def close(self) -> None:
         self.outcomes.consumer.queues[0].delete()
-        for simple in (self.outcomes, self.turns, self.decisions):
+        for simple in (self.outcomes, self.turns, self.decisions, self.dead):
             simple.close()
         self.conn.release()
         for consumer in self.consumers:
@@ -264,9 +270,13 @@ def test_a_decision_the_checks_cannot_process_keeps_its_one_outcome(rig: Rig) ->
     assert (first.type, wire["error"]["status"]) == ("decision.rejected", "INTERNAL")
     assert "the checks broke" in wire["error"]["message"]
     assert [row.outcome for row in rig.rows(body["decision_id"])] == ["rejected"]
+    [letter] = rig.dead_letters()  # kept, naming its decision and that outcome
+    assert (letter["decision_id"], letter["event_id"]) == (body["decision_id"], first.event_id)
+    assert letter["reason"] == wire["error"]["message"]
     again = consumer.handle(raw(body), "application/json", {})
     assert again.event_id == first.event_id
     assert [e.event_id for e in rig.published()] == [first.event_id]
+    assert rig.dead_letters() == [], "a readable copy is answered, not kept"
     assert rig.claimed_by(body["snapshot_id"]) is None
     assert rig.enqueued() == []
 
