@@ -53,6 +53,7 @@ log = logging.getLogger("interlock.transport")
 
 __all__ = [
     "BEAT",
+    "HELD",
     "POP",
     "QUEUE_ITEM",
     "RAISED",
@@ -64,6 +65,7 @@ __all__ = [
     "QoS",
     "beat",
     "give_back",
+    "held_by",
     "pop",
     "queue_of",
     "reading_key",
@@ -92,11 +94,14 @@ local function b64(data)
   return table.concat(out)
 end
 
-local n = #KEYS - 2  -- KEYS[1]: the reading list; KEYS[2..n]: the queue's lists
+local n = #KEYS - 3  -- KEYS[1]: the reading list; KEYS[2..n]: the queue's lists
 local function record(tag, message, exchange, routing_key)
   redis.call('ZADD', KEYS[n + 2], ARGV[1], tag)
   redis.call('HSET', KEYS[n + 1], tag, '[' .. message .. ',' .. cjson.encode(exchange) .. ','
     .. cjson.encode(routing_key) .. ']')
+  if ARGV[6] ~= '' then
+    redis.call('HSET', KEYS[n + 3], tag, ARGV[6])
+  end
 end
 
 local strict = cjson.new()  -- a JSON reader no more lenient than Python's: no 0x10, inf
@@ -139,7 +144,8 @@ return false
 """
 """Pop the item of a reading list (KEYS[1]), else the oldest item of a queue's lists
 (KEYS[2..n], in kombu's priority order), and record it in the unacked hash (KEYS[n+1])
-and index (KEYS[n+2], scored ARGV[1], the time), as kombu's `QoS.append` would: a kombu
+and index (KEYS[n+2], scored ARGV[1], the time), as kombu's `QoS.append` would, and,
+where ARGV[6] names the reader's member, in `HELD` (KEYS[n+3]) as held by it: a kombu
 message (printable ASCII JSON, as kombu writes it, that Python's reader would take too)
 under its own delivery tag; any other item (no JSON, no envelope, a tag that is not a
 string) of at most ARGV[5] bytes as a kombu message of its exact bytes, with the header
@@ -157,6 +163,13 @@ UNRESTORABLE = "_interlock.unrestorable"
 """A hash of the unacked records kombu could not read back (not JSON to Python, nested
 too deep), by delivery tag: set aside, with an error in the log, where kombu's restore
 would raise at each sweep and stop every restore after it."""
+
+HELD = "_interlock.held"
+"""A hash of the unacked messages taken by readers that asked for it (`restore_held`), by
+delivery tag: the registry member of the reader that holds it. When that reader's time
+is up, the reader that puts its reading list back restores these too, at once, where
+kombu would wait for the visibility timeout. An ack, a reject or a restore drops the
+entry (`QoS._remove_from_indices`)."""
 
 READING = "_interlock.reading."
 """The prefix of a reading list's key; the member follows."""
@@ -213,18 +226,22 @@ def _script(channel: Any, client: Any, name: str, source: str) -> Any:
     return script
 
 
-def pop(channel: Any, client: Any, queue: str, member: str) -> tuple[bytes, str | None, int] | None:
+def pop(
+    channel: Any, client: Any, queue: str, member: str, *, hold: bool = False
+) -> tuple[bytes, str | None, int] | None:
     """Run `POP` on `member`'s reading list and `queue`'s lists with `client`: the item,
     the delivery tag it is recorded under as unacked (None where the reader must record
-    it) and the items left on the priority lists; None when the lists are empty. Raises
-    redis' ResponseError where the broker refuses the script."""
+    it) and the items left on the priority lists; None when the lists are empty. With
+    `hold`, the record names `member` as its holder in `HELD`. Raises redis'
+    ResponseError where the broker refuses the script."""
     script = _script(channel, client, "pop", POP)
     keys = [reading_key(member)]
     keys += [channel._q_for_pri(queue, pri) for pri in channel.priority_steps]
-    keys += [channel.unacked_key, channel.unacked_index_key]
+    keys += [channel.unacked_key, channel.unacked_index_key, HELD]
     prefix = channel.global_keyprefix or ""  # a prefixing client prefixes KEYS[1] only
     keys[1:] = [prefix + key for key in keys[1:]]
     args = [repr(time.time()), str(uuid.uuid4()), queue, QUEUE_ITEM, str(WRAP_LIMIT)]
+    args.append(member if hold else "")
     reply = script(keys=keys, args=args, client=client)
     if not reply:
         return None
@@ -274,6 +291,22 @@ def give_back(channel: Any, client: Any, member: str) -> None:
         client.zrem(READERS, member)
 
 
+def held_by(channel: Any, client: Any, member: str) -> list[str]:
+    """The delivery tags `HELD` names `member` the holder of."""
+    prefix = channel.global_keyprefix or ""  # HGETALL is not among the prefixed commands
+    entries = client.execute_command("HGETALL", prefix + HELD)
+    if isinstance(entries, dict):
+        pairs = list(entries.items())
+    else:  # RESP2: a flat list of fields and values
+        pairs = list(zip(entries[::2], entries[1::2], strict=True))
+    text = member.encode()
+    return [
+        tag.decode() if isinstance(tag, bytes) else str(tag)
+        for tag, who in pairs
+        if (who if isinstance(who, bytes) else str(who).encode()) == text
+    ]
+
+
 class QoS(kombu_redis.QoS):
     """kombu's Redis QoS, which skips recording a message `POP` has recorded already.
 
@@ -284,8 +317,12 @@ class QoS(kombu_redis.QoS):
 
     def append(self, message: Any, delivery_tag: Any) -> None:
         recorded = self.channel._recorded.pop(delivery_tag, None)
+        holder: str | None = self.channel._holder  # set while `POP` with `hold` delivers
         if recorded is None:
             super().append(message, delivery_tag)
+            if holder is not None:
+                with self.pipe_or_acquire() as pipe:
+                    pipe.hset(HELD, delivery_tag, holder).execute()
             return
         if recorded != delivery_tag:
             delivery = message.delivery_info
@@ -293,8 +330,15 @@ class QoS(kombu_redis.QoS):
             with self.pipe_or_acquire() as pipe:
                 pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()})
                 pipe.hset(self.unacked_key, delivery_tag, raw)
+                if holder is not None:
+                    pipe.hset(HELD, delivery_tag, holder)
                 self._remove_from_indices(recorded, pipe).execute()
         virtual.QoS.append(self, message, delivery_tag)
+
+    def _remove_from_indices(self, delivery_tag: Any, pipe: Any = None) -> Any:
+        """kombu's, and the tag's `HELD` entry (an ack, a reject, a restore)."""
+        with self.pipe_or_acquire(pipe) as pipe:
+            return super()._remove_from_indices(delivery_tag, pipe).hdel(HELD, delivery_tag)
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         """kombu's restore; a record it cannot read back is set aside in `UNRESTORABLE`

@@ -57,6 +57,7 @@ from .redis_pop import (
     QoS,
     beat,
     give_back,
+    held_by,
     pop,
     queue_of,
     reading_key,
@@ -95,10 +96,18 @@ class Channel(kombu_redis.Channel):
     from_transport_options = (  # type: ignore[assignment]
         *kombu_redis.Channel.from_transport_options,
         "reader_beat",
+        "restore_held",
     )
     reader_beat = 10.0
     """Seconds between a reader's registrations of its reading list while it waits (and
     the longest wait); a reader counts as alive for three beats after it registers."""
+    restore_held = False
+    """Whether the messages this channel takes, unacked, are restored as soon as its time
+    as a reader is up (it died, or stopped waiting for three beats), not only after the
+    visibility timeout (`redis_pop.HELD`). For a consumer that handles one message at a
+    time and waits again at once, such as the resume consumer; not for a Celery worker,
+    which stops waiting while its pool is busy."""
+    _holder: str | None = None  # the member `QoS.append` names as holder (`restore_held`)
     _shared_client: tuple[Any, Any] | None = None  # (the pool it uses, the client)
     _route: Any = None  # the registered `ROUTE` script; False once the broker refused it
     _atomic = True  # reads with `POP`; False once the broker refused it or `BLMOVE`
@@ -294,10 +303,12 @@ class Channel(kombu_redis.Channel):
             if got is None:
                 raise Empty()
             message_tag = got["properties"]["delivery_tag"]
+            self._holder = self._member(queue) if self.restore_held else None
             try:
                 self.connection._deliver(got, queue)
             finally:
                 self._recorded.pop(message_tag, None)
+                self._holder = None
             return True
         finally:
             self._flush_reauth()
@@ -336,6 +347,8 @@ class Channel(kombu_redis.Channel):
         try:
             for member in beat(self, client, [self._member(queue)], 3 * self._beat()):
                 moved = rescue(self, client, member)
+                if moved >= 0:  # its time was up, and this reader dropped it
+                    moved += self._restore_held(client, member)
                 if moved > 0:
                     log.warning(
                         "put %d message%s back on queue %s: a reader that stopped "
@@ -352,6 +365,14 @@ class Channel(kombu_redis.Channel):
             return False
         self._beats[queue] = now
         return True
+
+    def _restore_held(self, client: Any, member: str) -> int:
+        """Restore the unacked messages `HELD` names `member` (a reader whose time is up)
+        the holder of, as the visibility timeout would later; how many there were."""
+        tags = held_by(self, client, member)
+        for tag in tags:
+            self.qos.restore_by_tag(tag, client)
+        return len(tags)
 
     def _give_back(self, client: Any, queue: str) -> None:
         """Put this channel's reading list of `queue` back on the queue and leave the
@@ -392,7 +413,7 @@ class Channel(kombu_redis.Channel):
         `redis_pop.QoS`); None when the queue is empty, or where the broker refused the
         script (then `_atomic` is False, and kombu's reads take over)."""
         try:
-            got = pop(self, client, queue, self._member(queue))
+            got = pop(self, client, queue, self._member(queue), hold=self.restore_held)
         except redis.exceptions.ResponseError as exc:
             if not refused(exc):
                 raise

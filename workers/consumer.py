@@ -80,7 +80,9 @@ class ResumeConsumer(ConsumerMixin):
     def __init__(self, app: Celery, *, heartbeat_file: str | None = None) -> None:
         self.app = app
         self.rt = runtime_of(app)
-        self.connection: Connection = self.rt.connection()
+        # A decision this consumer took comes back as soon as another reader finds it
+        # gone (killed mid-decision), not after the visibility timeout.
+        self.connection: Connection = self.rt.settings.connection(restore_held=True)
         self.heartbeat = Path(heartbeat_file) if heartbeat_file else None
         self.handled = 0
         self.failing = 0  # decisions requeued in a row because the store or broker failed

@@ -124,13 +124,17 @@ class Settings:
         choose by the URL's scheme."""
         return transport_for(self.broker_url)
 
-    def connection(self) -> Connection:
+    def connection(self, *, restore_held: bool = False) -> Connection:
         """A new (lazy) broker connection with the transport and the options every client
-        of the broker shares."""
+        of the broker shares. With `restore_held` (on Redis), a message it takes and
+        never acks comes back as soon as its reader is found gone, not after the
+        visibility timeout (`events.redis_pop.HELD`): for a consumer that waits again
+        after each message, not for a Celery worker."""
+        options = self.transport_options
+        if restore_held and self.broker_transport is not None:
+            options = {**options, "restore_held": True}
         return Connection(
-            self.broker_url,
-            transport=self.broker_transport,
-            transport_options=self.transport_options,
+            self.broker_url, transport=self.broker_transport, transport_options=options
         )
 
     @property

@@ -27,6 +27,7 @@ from kombu.message import Message
 from kombu.transport import redis as kombu_redis
 
 from events.redis_pop import (
+    HELD,
     QUEUE_ITEM,
     READERS,
     UNRESTORABLE,
@@ -588,6 +589,94 @@ def test_a_consumer_dying_between_the_wait_and_the_pop_gets_its_message_put_back
     assert any(f"put 1 message back on queue {name}" in r.getMessage() for r in caplog.records)
     assert raw.zcard(READERS) == 0, "a channel that closes leaves the registry"
     assert raw.hlen("unacked") == 0 and raw.llen(name) == 0
+
+
+DIES_HOLDING = """
+import os, sys
+from kombu.connection import Connection
+from kombu.entity import Queue
+from events.redis_transport import Transport
+
+url, name, hold = sys.argv[1:]
+options = {"reader_beat": 0.2, "restore_held": hold == "hold"}
+with Connection(url, transport=Transport, transport_options=options) as conn:
+    queue = Queue(name).bind(conn.default_channel)
+    with conn.Consumer(queue, callbacks=[lambda body, message: os._exit(9)]):
+        conn.drain_events(timeout=10)
+sys.exit(0)
+"""
+
+
+def _died_holding(redis_url: str, name: str, hold: bool) -> None:
+    """A consumer (beat 0.2 s) that is killed while it handles the message it took."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    died = subprocess.run(
+        [sys.executable, "-c", DIES_HOLDING, redis_url, name, "hold" if hold else "no"],
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert died.returncode == 9, died.stderr
+
+
+def test_a_consumer_killed_holding_a_message_has_it_restored_once_its_time_is_up(
+    redis_url: str, raw: redis.Redis, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reader with `restore_held` (the resume consumer) killed while it handles a
+    message: the message is in the unacked index, and `HELD` names that reader. Once three
+    of its beats have passed, the next reader's wait restores it (the visibility timeout,
+    an hour here, is not waited for), and it is read again; its ack clears every trace."""
+    raw.delete(READERS, HELD)
+    with Connection(redis_url, transport=Transport) as conn:
+        Queue(name).bind(conn.default_channel).declare()
+        conn.Producer().publish({"n": 1}, routing_key=name)
+    _died_holding(redis_url, name, hold=True)
+    [member] = _members(raw)
+    [tag] = raw.hkeys("unacked")
+    assert raw.hget(HELD, tag) == member.encode(), "the record names its holder"
+    assert raw.llen(name) == 0
+
+    caplog.set_level(logging.WARNING, logger="interlock.transport")
+    options = {"reader_beat": 0.2, "visibility_timeout": 3600}
+    with Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        time.sleep(0.7)
+        [message] = _consume(conn, queue, 1)
+        assert message.payload == {"n": 1}
+        assert message.delivery_info["redelivered"] is True
+        message.ack()
+    assert any(f"put 1 message back on queue {name}" in r.getMessage() for r in caplog.records)
+    assert raw.hlen("unacked") == 0 and raw.zcard("unacked_index") == 0
+    assert raw.hlen(HELD) == 0 and raw.llen(name) == 0
+    raw.delete(name)
+
+
+def test_a_reader_without_restore_held_leaves_its_messages_to_the_visibility_timeout(
+    redis_url: str, raw: redis.Redis, name: str
+) -> None:
+    """A reader that did not ask (a Celery worker stops waiting while its pool is busy,
+    and is not dead then) records no holder: its unacked message stays for the
+    visibility timeout's restore, however long ago its reader stopped."""
+    raw.delete(READERS, HELD)
+    with Connection(redis_url, transport=Transport) as conn:
+        Queue(name).bind(conn.default_channel).declare()
+        conn.Producer().publish({"n": 2}, routing_key=name)
+    _died_holding(redis_url, name, hold=False)
+    [tag] = raw.hkeys("unacked")
+    assert raw.hlen(HELD) == 0
+    options = {"reader_beat": 0.2, "visibility_timeout": 3600}
+    with Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        queue = Queue(name).bind(conn.default_channel)
+        time.sleep(0.7)
+        with conn.Consumer(queue, callbacks=[lambda body, message: pytest.fail("read")]):
+            for _ in range(4):  # waits that sweep the registry, the dead reader's too
+                with contextlib.suppress(TimeoutError):
+                    conn.drain_events(timeout=0.3)
+    assert raw.hkeys("unacked") == [tag] and raw.llen(name) == 0
+    raw.delete(name, "unacked", "unacked_index")
 
 
 def test_a_reading_list_is_put_back_only_once_its_readers_time_is_up(

@@ -123,3 +123,21 @@ def test_broker_urls_with_a_bad_port_or_database_are_refused(url: str, reason: s
         check_broker_url(url)
     assert info.value.status is Status.INVALID_ARGUMENT
     assert reason in info.value.message, info.value.message
+
+
+def test_only_the_resume_consumer_asks_for_its_held_messages_to_come_back_early() -> None:
+    """On Redis the resume consumer's connection asks for `restore_held` (a decision it
+    held when it was killed comes back once its reader is found gone); other clients,
+    Celery workers included, keep kombu's visibility timeout; other brokers get no such
+    option."""
+    from examples.banking import ai
+    from workers.app import create_app
+    from workers.consumer import ResumeConsumer
+
+    redis_settings = Settings(broker_url="redis://127.0.0.1:6399/0")
+    consumer = ResumeConsumer(create_app(redis_settings, ai))
+    assert (consumer.connection.transport_options or {}).get("restore_held") is True
+    assert "restore_held" not in (redis_settings.connection().transport_options or {})
+    assert "restore_held" not in redis_settings.transport_options  # Celery's options
+    amqp = Settings(broker_url="amqp://guest:guest@127.0.0.1:5672//")
+    assert "restore_held" not in (amqp.connection(restore_held=True).transport_options or {})
