@@ -545,10 +545,11 @@ def _waiting(conn: Connection, raw: redis.Redis, name: str, delivered: list[Any]
     return channel
 
 
-def _died(redis_url: str, name: str, mode: str, where: str, beat: float = 10.0) -> None:
+def _dies(script: str, *args: str) -> None:
+    """Run `script` in a process of its own, which must die (exit code 9)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     died = subprocess.run(
-        [sys.executable, "-c", DIES_ON_RECEIPT, redis_url, name, mode, where, str(beat)],
+        [sys.executable, "-c", script, *args],
         cwd=ROOT,
         env=env,
         timeout=60,
@@ -557,6 +558,10 @@ def _died(redis_url: str, name: str, mode: str, where: str, beat: float = 10.0) 
         text=True,
     )
     assert died.returncode == 9, died.stderr
+
+
+def _died(redis_url: str, name: str, mode: str, where: str, beat: float = 10.0) -> None:
+    _dies(DIES_ON_RECEIPT, redis_url, name, mode, where, str(beat))
 
 
 def test_a_consumer_dying_between_the_wait_and_the_pop_gets_its_message_put_back(
@@ -609,17 +614,7 @@ sys.exit(0)
 
 def _died_holding(redis_url: str, name: str, hold: bool) -> None:
     """A consumer (beat 0.2 s) that is killed while it handles the message it took."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    died = subprocess.run(
-        [sys.executable, "-c", DIES_HOLDING, redis_url, name, "hold" if hold else "no"],
-        cwd=ROOT,
-        env=env,
-        timeout=60,
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    assert died.returncode == 9, died.stderr
+    _dies(DIES_HOLDING, redis_url, name, "hold" if hold else "no")
 
 
 def test_a_consumer_killed_holding_a_message_has_it_restored_once_its_time_is_up(
