@@ -294,17 +294,9 @@ def give_back(channel: Any, client: Any, member: str) -> None:
 def held_by(channel: Any, client: Any, member: str) -> list[str]:
     """The delivery tags `HELD` names `member` the holder of."""
     prefix = channel.global_keyprefix or ""  # HGETALL is not among the prefixed commands
-    entries = client.execute_command("HGETALL", prefix + HELD)
-    if isinstance(entries, dict):
-        pairs = list(entries.items())
-    else:  # RESP2: a flat list of fields and values
-        pairs = list(zip(entries[::2], entries[1::2], strict=True))
+    entries: dict[bytes, bytes] = client.hgetall(prefix + HELD)
     text = member.encode()
-    return [
-        tag.decode() if isinstance(tag, bytes) else str(tag)
-        for tag, who in pairs
-        if (who if isinstance(who, bytes) else str(who).encode()) == text
-    ]
+    return [tag.decode() for tag, who in entries.items() if who == text]
 
 
 class QoS(kombu_redis.QoS):
