@@ -24,6 +24,7 @@ import enum
 import json
 import logging
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
@@ -64,8 +65,10 @@ __all__ = [
     "REFUSED",
     "REQUEST",
     "SqlTurnJournal",
+    "TurnEnding",
     "TurnStart",
     "TurnStartKind",
+    "ended_turns",
     "journal_metadata",
     "refused_turns",
     "session_lease",
@@ -288,6 +291,51 @@ def refused_turns(store: SqlSessionStore, session_id: str) -> list[tuple[str, An
     with store.engine.connect() as conn:
         rows = conn.execute(query).all()
     return [(str(turn), json.loads(body), _from_db(when)) for turn, body, when in rows]
+
+
+@dataclass(frozen=True)
+class TurnEnding:
+    """How a turn ended, as the store keeps it (`ended_turns`)."""
+
+    snapshot_id: str | None
+    """The first snapshot that carries the turn id; None for a turn refused before it ran."""
+    status: str
+    """That snapshot's status (it may have changed since: an interrupted snapshot that
+    expired), or `refused`."""
+    finish_reason: str | None = None
+    error: Any = None
+    """The failure's `{"status", "message"}`, for a failed, aborted or refused turn."""
+
+
+_ENDED_CHUNK = 500
+"""Turn ids per statement of `ended_turns` (well under every database's bound limit)."""
+
+
+def ended_turns(store: SqlSessionStore, turn_ids: Iterable[str]) -> dict[str, TurnEnding]:
+    """The turns among `turn_ids` that have ended, and how (what `begin` tells a worker
+    one turn at a time): a snapshot carries the id (its first), or else a refusal ended
+    it. Reads only: a store whose journal was never made has no refusals."""
+    wanted = list(dict.fromkeys(turn_ids))
+    found: dict[str, TurnEnding] = {}
+    journal = inspect(store.engine).has_table(_JOURNAL.name)
+    snaps = select(
+        _SNAP.c.turn_id, _SNAP.c.snapshot_id, _SNAP.c.status, _SNAP.c.finish_reason, _SNAP.c.error
+    ).order_by(_SNAP.c.seq)
+    refusals = select(_JOURNAL.c.turn_id, _JOURNAL.c.body).where(_JOURNAL.c.key == REFUSED)
+    with store.engine.connect() as conn:
+        for start in range(0, len(wanted), _ENDED_CHUNK):
+            chunk = wanted[start : start + _ENDED_CHUNK]
+            for turn, sid, status, reason, error in conn.execute(
+                snaps.where(_SNAP.c.turn_id.in_(chunk))
+            ):
+                if turn not in found:  # the first snapshot of the turn
+                    failure = json.loads(error) if error else None
+                    found[turn] = TurnEnding(str(sid), str(status), reason, failure)
+            if not journal:
+                continue
+            for turn, body in conn.execute(refusals.where(_JOURNAL.c.turn_id.in_(chunk))):
+                found.setdefault(turn, TurnEnding(None, REFUSED, None, json.loads(body)))
+    return found
 
 
 class SqlTurnJournal:

@@ -29,7 +29,7 @@ from interlock import (
     scripted,
 )
 from interlock.journal import InMemoryJournal, TurnJournal, session_for_turn
-from interlock.stores.sql_journal import SqlTurnJournal, TurnStartKind
+from interlock.stores.sql_journal import SqlTurnJournal, TurnEnding, TurnStartKind, ended_turns
 
 
 class Crash(BaseException):
@@ -642,3 +642,40 @@ def test_a_journal_write_waits_out_a_dropped_connection(
         assert said.startswith("journaling tool:ref-1 of turn t-drop failed ("), said
     finally:
         store.dispose()
+
+
+def test_ended_turns_says_how_each_of_many_turns_ended(sql_journal: SqlTurnJournal) -> None:
+    """`ended_turns` answers for many turn ids at once (more than one statement's
+    worth), what `begin` answers for one: the first snapshot carrying the id, with its
+    status, finish reason and error, else the turn's refusal; nothing for the rest."""
+    from schemas import ErrorInfo, Snapshot, Status, utcnow
+
+    store = sql_journal.store
+    now = utcnow()
+    failure = ErrorInfo(status=Status.INTERNAL, message="tool transferMoney failed")
+
+    def save(sid: str, turn: str, status: SnapshotStatus, **more: Any) -> None:
+        store.save_snapshot(
+            Snapshot(snapshot_id=sid, session_id=f"s-{turn}", agent="a", status=status,
+                     messages=[], created_at=now, updated_at=now, turn_id=turn, **more)
+        )  # fmt: skip
+
+    save("p", "paused", SnapshotStatus.COMPLETED, finish_reason=FinishReason.INTERRUPTED)
+    save("p2", "paused", SnapshotStatus.COMPLETED, finish_reason=FinishReason.STOP)
+    save("f", "failed", SnapshotStatus.FAILED, error=failure)
+    refusal = {"status": "FAILED_PRECONDITION", "message": "answer the pending interrupts first"}
+    with store.writer().begin() as conn:
+        assert sql_journal.refuse_in(conn, "s-r", "refused", refusal)
+    many = [f"t-{i}" for i in range(1200)]
+    for turn in many[::400]:
+        _save_turn_end(store, turn)
+    asked = ["paused", "failed", "refused", "never", "paused", *many]
+    found = ended_turns(store, asked)
+    assert set(found) == {"paused", "failed", "refused", "t-0", "t-400", "t-800"}
+    assert found["paused"] == TurnEnding("p", "completed", "interrupted", None), "its first"
+    assert found["failed"] == TurnEnding(
+        "f", "failed", None, {"status": "INTERNAL", "message": "tool transferMoney failed"}
+    )
+    assert found["refused"] == TurnEnding(None, "refused", None, refusal)
+    assert found["t-800"] == TurnEnding("snap-t-800", "completed", None, None)
+    assert ended_turns(store, []) == {}

@@ -411,11 +411,70 @@ def test_submit_file_wait_prints_how_each_turn_ended(batch: Batch, tmp_path: Pat
         worker.stop()
 
 
-def test_a_file_sent_again_with_wait_names_the_turns_that_will_not_be_announced(
+def test_a_file_sent_again_with_wait_says_at_once_which_turns_had_ended(
     batch: Batch, tmp_path: Path
 ) -> None:
     """A file with turn ids, sent again after its turns ended: each runs once, so no
-    event comes for them; the wait ends at its timeout naming them and saying why."""
+    event comes for them. The store says how each ended, before the wait: they are
+    counted at once, a refused one counts as failed, and only the new line's turn is
+    waited for."""
+    worker = Service("worker", ["worker", *batch.flags, "--pool", "solo"], tmp_path / "worker.log")
+    try:
+        worker.wait_for(" ready.")
+        lines = [
+            json.dumps({"text": "Hello", "turn_id": "again-hello-1"}),
+            json.dumps({"text": "Transfer $4 to savings", "turn_id": "again-transfer-2"}),
+        ]
+        args = ("submit", *batch.flags, "--agent", "bankingAgent", "--wait")
+        first = run_cli(*args, "--file", write_lines(tmp_path / "first.txt", *lines))
+        assert first.returncode == 0, first.describe()
+        paused = next(e for e in first.json_lines() if e.get("type") == "turn.interrupted")
+        # A message to the paused session: refused before it runs (no snapshot).
+        lines.append(
+            json.dumps({"text": "Hi", "session_id": paused["session_id"], "turn_id": "again-3"})
+        )
+        second = run_cli(*args, "--file", write_lines(tmp_path / "second.txt", *lines))
+        assert second.returncode == 1, second.describe()
+        assert "turn again-hello-1 had ended before: completed (snapshot " in second.stderr
+        assert (
+            "turn again-transfer-2 had ended before: paused (snapshot "
+            f"{paused['snapshot_id']}): `interlock pending` lists it while it waits"
+        ) in second.stderr, second.describe()
+        assert "2 of 3 turns had ended before they were sent again: each runs once" in (
+            second.stderr
+        )
+        assert "waiting for 1 turns to end" in second.stderr, second.describe()
+        events = [e for e in second.json_lines() if "type" in e]
+        assert [(e["type"], e["turn_id"]) for e in events] == [("turn.failed", "again-3")]
+
+        lines.append(json.dumps({"text": "Hello", "turn_id": "again-4"}))
+        third = run_cli(
+            *args, "--timeout", "60", "--file", write_lines(tmp_path / "third.txt", *lines)
+        )
+        assert third.returncode == 1, third.describe()
+        assert "turn again-3 had ended before: refused, FAILED_PRECONDITION: " in third.stderr
+        assert "3 of 4 turns had ended before" in third.stderr, third.describe()
+        events = [e for e in third.json_lines() if "type" in e]
+        assert [(e["type"], e["turn_id"]) for e in events] == [("turn.completed", "again-4")]
+        assert "4 of 4 turns ended" in third.stderr, third.describe()
+        last = third.stderr.splitlines()[-1]
+        assert last.startswith("error: FAILED_PRECONDITION: 1 of 4 turns failed; the first: "), (
+            third.describe()
+        )
+        assert "answer the pending interrupts first" in last, third.describe()
+        worker.wait_for("again-transfer-2 already ended")
+        assert len(batch.read_events(9, timeout=5)) == 4, "each turn announced once"
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize("store", ["missing", "unreachable"])
+def test_a_file_sent_again_with_wait_and_no_store_to_read_names_the_unannounced(
+    batch: Batch, tmp_path: Path, store: str
+) -> None:
+    """When the command cannot read the workers' store (another store given, not there
+    yet; or one that cannot be reached: said), a turn that had ended before cannot be
+    told from one still running: the wait ends at its timeout naming them and why."""
     worker = Service("worker", ["worker", *batch.flags, "--pool", "solo"], tmp_path / "worker.log")
     try:
         worker.wait_for(" ready.")
@@ -429,11 +488,19 @@ def test_a_file_sent_again_with_wait_names_the_turns_that_will_not_be_announced(
         assert first.returncode == 0, first.describe()
         assert "2 of 2 turns ended" in first.stderr, first.describe()
 
-        again = run_cli(*args, "--timeout", "2")
+        other = (
+            f"sqlite:///{tmp_path / 'not-yet.db'}"
+            if store == "missing"
+            else f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/interlock"
+        )
+        again = run_cli(*args, "--store", other, "--timeout", "2")
         assert again.returncode == 1, again.describe()
         sent = again.json_lines()
         assert [s["turn_id"] for s in sent] == ["batch-hello-1", "batch-transfer-2"]
         assert all("type" not in s for s in sent), "no turn was announced again"
+        unread = "could not read the store postgresql+psycopg://nobody@127.0.0.1:"
+        assert (unread in again.stderr) == (store == "unreachable"), again.describe()
+        assert "had ended before:" not in again.stderr, again.describe()
         last = again.stderr.splitlines()[-1]
         assert last == (
             "error: DEADLINE_EXCEEDED: 0 of 2 turns ended; no end of the other 2 within 2s "
@@ -443,6 +510,7 @@ def test_a_file_sent_again_with_wait_names_the_turns_that_will_not_be_announced(
         ), again.describe()
         worker.wait_for("batch-transfer-2 already ended")
         assert len(batch.read_events(4, timeout=5)) == 2, "the first run's two events only"
+        assert not (tmp_path / "not-yet.db").exists(), "reading made no store"
     finally:
         worker.stop()
 

@@ -312,12 +312,12 @@ store_option = click.option(
     envvar="INTERLOCK_STORE_URL",
     help="Store URL (sqlite:///..., postgresql+psycopg://...). [env: INTERLOCK_STORE_URL; default sqlite:///interlock.db]",
 )
-unused_store_option = click.option(
+submit_store_option = click.option(
     "--store",
     envvar="INTERLOCK_STORE_URL",
-    hidden=True,
-    help="Not listed: the workers store the turns. Accepted, so that one set of flags "
-    "serves every command; --wait's decide hint repeats it.",
+    help="The workers' store; read only with --wait and a --file whose lines give turn "
+    "ids, to tell the turns that ended before (not announced again); --wait's decide "
+    "hint repeats it. [env: INTERLOCK_STORE_URL; default sqlite:///interlock.db]",
 )
 
 

@@ -10,7 +10,7 @@ import click
 
 from interlock import AgentInput, Message, Part, Status, StatusError
 
-from ..settings import NO_CONSUMER_HINT
+from ..settings import NO_CONSUMER_HINT, redact_url
 from .base import (
     PROGRESS_EVERY,
     broker_option,
@@ -27,10 +27,10 @@ from .base import (
     store_option,
     store_read,
     store_tables,
+    submit_store_option,
     terminable,
     timeout_option,
     unused,
-    unused_store_option,
     wait_option,
 )
 from .waiter import Waiter
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from interlock import Snapshot
+    from interlock.stores.sql_journal import TurnEnding
 
     from ..turn_file import FileTurn
 
@@ -66,7 +67,7 @@ def login_name() -> str | None:
     "it before anything is sent. [env: INTERLOCK_APP]",
 )
 @broker_option
-@unused_store_option
+@submit_store_option
 @click.option("--agent", "agent_name", required=True, help="Agent name in the registry.")
 @click.option("--text", help="The user's message (or give --file).")
 @click.option(
@@ -132,15 +133,55 @@ def submit(
     runtime_of(celery_app).registry.lookup_agent(agent_name)
     waiter = Waiter(settings, timeout) if wait else None
     try:
+        given = [t.turn_id for t in turns if t.turn_id is not None]
+        # Bound first, then read: a turn that ends after the read is announced to it.
+        ended = _ended_before(settings.store_url, given) if waiter is not None else None
         sent = _send_turns(celery_app, agent_name, turns, batch=turn_file is not None)
         if waiter is not None and turn_file is None:
             waiter.turn_event(sent[0])
         elif waiter is not None:
-            given = frozenset(t.turn_id for t in turns if t.turn_id is not None)
-            waiter.turn_events(sent, given)
+            waiter.turn_events(sent, frozenset(given), ended)
     finally:
         if waiter is not None:
             waiter.close()
+
+
+def _ended_before(url: str, turn_ids: list[str]) -> dict[str, TurnEnding] | None:
+    """Which of `turn_ids` (the ids a file gives) ended before they are sent again, read
+    from the store at `url`: those run once, so no event will announce them. None when
+    the store cannot say (not there yet, no tables, unreachable: said on stderr), so
+    the wait cannot tell them from turns still to end."""
+    from interlock.stores.sql_journal import ended_turns
+
+    if not turn_ids or missing_sqlite_file(url) is not None:
+        return None
+    try:
+        sql = read_store(url)
+    except Exception as exc:  # a URL the store's engine refuses
+        _unread(url, exc)
+        return None
+    try:
+        if no_tables(store_read(lambda: store_tables(sql)), url) is not None:
+            return None
+        return store_read(lambda: ended_turns(sql, turn_ids))
+    except Exception as exc:
+        _unread(url, exc)
+        return None
+    finally:
+        sql.dispose()
+
+
+def _unread(url: str, exc: Exception) -> None:
+    """Say why the store could not tell which turns ended before (or raise `exc` when it
+    is no store's failure)."""
+    said = error_line(exc)
+    if said is None:
+        raise exc
+    click.echo(
+        f"could not read the store {redact_url(url)} to find the turns of the file that "
+        f"ended before ({said[1]}): a turn that did is waited for until --timeout",
+        err=True,
+    )
 
 
 def _check_sendable(text: str, session_id: str | None) -> None:

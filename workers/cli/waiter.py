@@ -7,7 +7,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -22,6 +22,9 @@ from ..settings import (
     redact_url,
 )
 from .base import PROGRESS_EVERY, Terminated, emit, error_line
+
+if TYPE_CHECKING:
+    from interlock.stores.sql_journal import TurnEnding
 
 __all__ = ["Waiter", "decide_hint"]
 
@@ -108,13 +111,25 @@ class Waiter:
             )
         return event
 
-    def turn_events(self, turn_ids: list[str], given: frozenset[str] = frozenset()) -> list[Any]:
+    def turn_events(
+        self,
+        turn_ids: list[str],
+        given: frozenset[str] = frozenset(),
+        ended: Mapping[str, TurnEnding] | None = None,
+    ) -> list[Any]:
         """The event that ends each of `turn_ids`, printed as they come (`timeout`: at
         most between two of them); then a failure if any turn failed. `given`: the ids
-        the sender chose (a file's `turn_id`), which may name turns that ended before."""
+        the sender chose (a file's `turn_id`), which may name turns that ended before.
+        `ended`: those of them the store says ended before they were sent (no event
+        will come for them: each is said on stderr and counted at once); None when the
+        store could not say."""
         ends = ("turn.interrupted", "turn.completed", "turn.failed")
-        waiting = set(turn_ids)
+        before = {t: ended[t] for t in dict.fromkeys(turn_ids) if t in ended} if ended else {}
+        waiting = set(turn_ids) - before.keys()
         found: list[Any] = []
+        failed_before = _said_ended(before, len(turn_ids))
+        if ended is not None:
+            given = frozenset()  # a turn the store did not know had not ended: it will say
         try:  # the line is in: a stop right after it is printed says how far it got too
             click.echo(
                 f"waiting for {len(waiting)} turns to end "
@@ -137,23 +152,25 @@ class Waiter:
                 waiting.discard(event.turn_id)
                 found.append(event)
                 if len(found) % PROGRESS_EVERY == 0 or not waiting:
-                    click.echo(f"{len(found)} of {len(turn_ids)} turns ended", err=True)
+                    done = len(found) + len(before)
+                    click.echo(f"{done} of {len(turn_ids)} turns ended", err=True)
         except (KeyboardInterrupt, Terminated):  # a stop says how far the wait got
             click.echo(
-                f"{len(found)} of {len(turn_ids)} turns had ended when the wait stopped; "
-                "the others were sent and go on: `interlock pending` lists the paused",
+                f"{len(found) + len(before)} of {len(turn_ids)} turns had ended when the wait "
+                "stopped; the others were sent and go on: `interlock pending` lists the paused",
                 err=True,
             )
             raise
         paused = sum(e.type == "turn.interrupted" for e in found)
-        failed = [e for e in found if e.type == "turn.failed"]
+        failed = failed_before + [
+            (e.error.status, e.error.message) for e in found if e.type == "turn.failed"
+        ]
         if paused:
             click.echo(f"{paused} paused: list them with `interlock pending`", err=True)
         if failed:
-            first = failed[0].error
+            status, message = failed[0]
             raise StatusError(
-                first.status,
-                f"{len(failed)} of {len(turn_ids)} turns failed; the first: {first.message}",
+                status, f"{len(failed)} of {len(turn_ids)} turns failed; the first: {message}"
             )
         return found
 
@@ -198,6 +215,50 @@ class Waiter:
         )
 
 
+def _said_ended(before: Mapping[str, TurnEnding], total: int) -> list[tuple[Status, str]]:
+    """Say on stderr how the turns of `before` ended before they were sent again (the
+    first few, then how many); the failures among them, as (status, message)."""
+    failed: list[tuple[Status, str]] = []
+    for shown, (turn_id, ending) in enumerate(before.items()):
+        failure = _failure(ending)
+        if failure is not None:
+            failed.append(failure)
+        if shown < _SHOWN:
+            click.echo(f"turn {turn_id} had ended before: {_how(ending, failure)}", err=True)
+    if before:
+        more = f" ({len(before) - _SHOWN} more not shown)" if len(before) > _SHOWN else ""
+        click.echo(
+            f"{len(before)} of {total} turns had ended before they were sent again{more}: "
+            "each runs once, and is not announced again",
+            err=True,
+        )
+    return failed
+
+
+def _failure(ending: TurnEnding) -> tuple[Status, str] | None:
+    """The status and message of a turn that ended failed (or refused, or aborted)."""
+    if not isinstance(ending.error, dict):
+        return None
+    try:
+        status = Status(str(ending.error.get("status")))
+    except ValueError:
+        status = Status.UNKNOWN
+    return status, str(ending.error.get("message", ""))
+
+
+def _how(ending: TurnEnding, failure: tuple[Status, str] | None) -> str:
+    """How a turn ended, in a few words, with its snapshot."""
+    at = f" (snapshot {ending.snapshot_id})" if ending.snapshot_id else ""
+    if failure is not None:
+        word = "refused" if ending.snapshot_id is None else ending.status
+        return f"{word}, {failure[0].name}: {failure[1]}{at}"
+    if ending.status == "expired":
+        return f"paused, and the pause has expired{at}"
+    if ending.finish_reason == "interrupted":
+        return f"paused{at}: `interlock pending` lists it while it waits"
+    return f"{ending.status}{at}"
+
+
 def decide_hint(
     settings: Settings, snapshot_id: str, token: str, env: Mapping[str, str] | None = None
 ) -> str:
@@ -205,7 +266,7 @@ def decide_hint(
     that `decide` would not find itself: not the defaults, nor what `env` (the process's
     environment) holds, which `decide` reads too. A password in a repeated URL is
     hidden, and the hint says so. A store left at its default may not be the workers':
-    the hint says that too (this command does not read the store)."""
+    the hint says that too (the command reads no store for a single turn)."""
     env = os.environ if env is None else env
     given = (
         ("--broker", settings.broker_url, DEFAULT_BROKER, "INTERLOCK_BROKER_URL"),
