@@ -481,11 +481,11 @@ def test_a_commands_store_read_waits_out_a_dropped_connection(pg_url: str, pg_ad
         sql.dispose()
 
 
-def test_submit_takes_no_store_but_accepts_the_flag() -> None:
-    """The workers store the turns: `submit --help` lists no --store (the flag is still
-    accepted, so that one set of flags serves every command); the commands that read
-    or write the store list it."""
-    assert "--store" not in run_cli("submit", "--help").stdout
+def test_every_command_that_reads_the_store_lists_the_flag() -> None:
+    """The commands that read or write the store list --store; `submit` says when it
+    reads it (the workers store the turns)."""
+    shown = " ".join(run_cli("submit", "--help").stdout.split())
+    assert "--store TEXT The workers' store; read only with --wait and a --file" in shown
     for command in ("worker", "resume-consumer", "pending", "decide", "resend", "audit"):
         assert "--store" in run_cli(command, "--help").stdout, command
     ran = run_cli("submit", "--store", "sqlite:///x.db", "--agent", "a", "--text", "")
