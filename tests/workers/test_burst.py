@@ -393,7 +393,9 @@ def test_submit_file_wait_prints_how_each_turn_ended(batch: Batch, tmp_path: Pat
         kinds = {e["turn_id"]: e["type"] for e in ended}
         assert [kinds[s["turn_id"]] for s in sent] == ["turn.interrupted", "turn.completed"]
         assert "2 of 2 turns ended" in waited.stderr, waited.describe()
-        assert "1 paused: list them with `interlock pending`" in waited.stderr
+        assert (
+            f"1 paused: list them with `interlock pending --store {batch.store_url}`"
+        ) in waited.stderr, waited.describe()
 
         # A new message to the paused session fails (FAILED_PRECONDITION): exit 1.
         paused = sent[0]["session_id"]
@@ -436,9 +438,12 @@ def test_a_file_sent_again_with_wait_says_at_once_which_turns_had_ended(
         second = run_cli(*args, "--file", write_lines(tmp_path / "second.txt", *lines))
         assert second.returncode == 1, second.describe()
         assert "turn again-hello-1 had ended before: completed (snapshot " in second.stderr
+        sid = paused["snapshot_id"]
         assert (
-            "turn again-transfer-2 had ended before: paused (snapshot "
-            f"{paused['snapshot_id']}): `interlock pending` lists it while it waits"
+            f"turn again-transfer-2 had ended before: paused (snapshot {sid}): `interlock "
+            f"pending --store {batch.store_url}` lists it while it waits; `interlock resend "
+            f"{sid} --broker {batch.server.url} --store {batch.store_url}` announces it "
+            "again with a new resume_token"
         ) in second.stderr, second.describe()
         assert "2 of 3 turns had ended before they were sent again: each runs once" in (
             second.stderr
@@ -457,11 +462,17 @@ def test_a_file_sent_again_with_wait_says_at_once_which_turns_had_ended(
         events = [e for e in third.json_lines() if "type" in e]
         assert [(e["type"], e["turn_id"]) for e in events] == [("turn.completed", "again-4")]
         assert "4 of 4 turns ended" in third.stderr, third.describe()
+        assert "waiting for 1 turns to end" in third.stderr, third.describe()
         last = third.stderr.splitlines()[-1]
         assert last.startswith("error: FAILED_PRECONDITION: 1 of 4 turns failed; the first: "), (
             third.describe()
         )
         assert "answer the pending interrupts first" in last, third.describe()
+        fourth = run_cli(*args, "--file", tmp_path / "second.txt")
+        assert fourth.returncode == 1, fourth.describe()
+        assert "3 of 3 turns had ended before" in fourth.stderr, fourth.describe()
+        assert "waiting for" not in fourth.stderr, "nothing left to wait for"
+        assert "error: FAILED_PRECONDITION: 1 of 3 turns failed" in fourth.stderr
         worker.wait_for("again-transfer-2 already ended")
         assert len(batch.read_events(9, timeout=5)) == 4, "each turn announced once"
     finally:
@@ -498,15 +509,20 @@ def test_a_file_sent_again_with_wait_and_no_store_to_read_names_the_unannounced(
         sent = again.json_lines()
         assert [s["turn_id"] for s in sent] == ["batch-hello-1", "batch-transfer-2"]
         assert all("type" not in s for s in sent), "no turn was announced again"
-        unread = "could not read the store postgresql+psycopg://nobody@127.0.0.1:"
-        assert (unread in again.stderr) == (store == "unreachable"), again.describe()
+        why = (
+            f"no store at {tmp_path / 'not-yet.db'}: check --store or INTERLOCK_STORE_URL"
+            if store == "missing"
+            else "could not read the store postgresql+psycopg://nobody@127.0.0.1:"
+        )
+        assert f"cannot tell which turns of the file had ended before ({why}" in again.stderr
         assert "had ended before:" not in again.stderr, again.describe()
         last = again.stderr.splitlines()[-1]
         assert last == (
             "error: DEADLINE_EXCEEDED: 0 of 2 turns ended; no end of the other 2 within 2s "
             "(turn ids batch-hello-1, batch-transfer-2): is `interlock worker` running on "
             "this broker and store? A turn id that had ended before it was sent again runs "
-            "once and is not announced again: `interlock pending` lists the paused"
+            f"once and is not announced again: `interlock pending --store {other}` lists "
+            "the paused turns"
         ), again.describe()
         worker.wait_for("batch-transfer-2 already ended")
         assert len(batch.read_events(4, timeout=5)) == 2, "the first run's two events only"

@@ -234,7 +234,7 @@ def test_a_stop_while_a_batch_waits_says_how_many_turns_had_ended(
     assert last == "terminated", err
     assert said == (
         "0 of 3 turns had ended when the wait stopped; the others were sent and go on: "
-        "`interlock pending` lists the paused"
+        f"`interlock pending --store sqlite:///{tmp_path}/store.db` lists the paused turns"
     ), err
     assert len(json_lines(out)) == 3, "each sent turn was printed"
 

@@ -153,7 +153,11 @@ def _ended_before(url: str, turn_ids: list[str]) -> dict[str, TurnEnding] | None
     the wait cannot tell them from turns still to end."""
     from interlock.stores.sql_journal import ended_turns
 
-    if not turn_ids or missing_sqlite_file(url) is not None:
+    if not turn_ids:
+        return None
+    missing = missing_sqlite_file(url)
+    if missing is not None:
+        _unsaid(f"no store at {missing}: check --store or INTERLOCK_STORE_URL")
         return None
     try:
         sql = read_store(url)
@@ -161,7 +165,9 @@ def _ended_before(url: str, turn_ids: list[str]) -> dict[str, TurnEnding] | None
         _unread(url, exc)
         return None
     try:
-        if no_tables(store_read(lambda: store_tables(sql)), url) is not None:
+        empty = no_tables(store_read(lambda: store_tables(sql)), url)
+        if empty is not None:
+            _unsaid(empty)
             return None
         return store_read(lambda: ended_turns(sql, turn_ids))
     except Exception as exc:
@@ -177,9 +183,14 @@ def _unread(url: str, exc: Exception) -> None:
     said = error_line(exc)
     if said is None:
         raise exc
+    _unsaid(f"could not read the store {redact_url(url)}: {said[1]}")
+
+
+def _unsaid(why: str) -> None:
+    """Say that the turns of the file that ended before cannot be told, and `why`."""
     click.echo(
-        f"could not read the store {redact_url(url)} to find the turns of the file that "
-        f"ended before ({said[1]}): a turn that did is waited for until --timeout",
+        f"cannot tell which turns of the file had ended before ({why}); one that had "
+        "is not announced again, and is waited for until --timeout",
         err=True,
     )
 

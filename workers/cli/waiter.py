@@ -26,7 +26,7 @@ from .base import PROGRESS_EVERY, Terminated, emit, error_line
 if TYPE_CHECKING:
     from interlock.stores.sql_journal import TurnEnding
 
-__all__ = ["Waiter", "decide_hint"]
+__all__ = ["Waiter", "decide_hint", "pending_hint", "repeated_flags"]
 
 _SHOWN = 5
 """How many of the turns a timed-out batch wait still waited for it names."""
@@ -127,15 +127,16 @@ class Waiter:
         before = {t: ended[t] for t in dict.fromkeys(turn_ids) if t in ended} if ended else {}
         waiting = set(turn_ids) - before.keys()
         found: list[Any] = []
-        failed_before = _said_ended(before, len(turn_ids))
+        failed_before = _said_ended(before, len(turn_ids), self.settings)
         if ended is not None:
             given = frozenset()  # a turn the store did not know had not ended: it will say
         try:  # the line is in: a stop right after it is printed says how far it got too
-            click.echo(
-                f"waiting for {len(waiting)} turns to end "
-                f"(up to {self.timeout:.0f}s between two)...",
-                err=True,
-            )
+            if waiting:
+                click.echo(
+                    f"waiting for {len(waiting)} turns to end "
+                    f"(up to {self.timeout:.0f}s between two)...",
+                    err=True,
+                )
             while waiting:
                 try:
                     event = self.next(
@@ -157,7 +158,8 @@ class Waiter:
         except (KeyboardInterrupt, Terminated):  # a stop says how far the wait got
             click.echo(
                 f"{len(found) + len(before)} of {len(turn_ids)} turns had ended when the wait "
-                "stopped; the others were sent and go on: `interlock pending` lists the paused",
+                "stopped; the others were sent and go on: "
+                f"{pending_hint(self.settings)} lists the paused turns",
                 err=True,
             )
             raise
@@ -166,7 +168,7 @@ class Waiter:
             (e.error.status, e.error.message) for e in found if e.type == "turn.failed"
         ]
         if paused:
-            click.echo(f"{paused} paused: list them with `interlock pending`", err=True)
+            click.echo(f"{paused} paused: list them with {pending_hint(self.settings)}", err=True)
         if failed:
             status, message = failed[0]
             raise StatusError(
@@ -186,7 +188,7 @@ class Waiter:
         if given.intersection(left):
             said += (
                 " A turn id that had ended before it was sent again runs once and is not "
-                "announced again: `interlock pending` lists the paused"
+                f"announced again: {pending_hint(self.settings)} lists the paused turns"
             )
         return said
 
@@ -215,7 +217,9 @@ class Waiter:
         )
 
 
-def _said_ended(before: Mapping[str, TurnEnding], total: int) -> list[tuple[Status, str]]:
+def _said_ended(
+    before: Mapping[str, TurnEnding], total: int, settings: Settings
+) -> list[tuple[Status, str]]:
     """Say on stderr how the turns of `before` ended before they were sent again (the
     first few, then how many); the failures among them, as (status, message)."""
     failed: list[tuple[Status, str]] = []
@@ -224,7 +228,8 @@ def _said_ended(before: Mapping[str, TurnEnding], total: int) -> list[tuple[Stat
         if failure is not None:
             failed.append(failure)
         if shown < _SHOWN:
-            click.echo(f"turn {turn_id} had ended before: {_how(ending, failure)}", err=True)
+            how = _how(ending, failure, settings)
+            click.echo(f"turn {turn_id} had ended before: {how}", err=True)
     if before:
         more = f" ({len(before) - _SHOWN} more not shown)" if len(before) > _SHOWN else ""
         click.echo(
@@ -246,7 +251,7 @@ def _failure(ending: TurnEnding) -> tuple[Status, str] | None:
     return status, str(ending.error.get("message", ""))
 
 
-def _how(ending: TurnEnding, failure: tuple[Status, str] | None) -> str:
+def _how(ending: TurnEnding, failure: tuple[Status, str] | None, settings: Settings) -> str:
     """How a turn ended, in a few words, with its snapshot."""
     at = f" (snapshot {ending.snapshot_id})" if ending.snapshot_id else ""
     if failure is not None:
@@ -255,7 +260,11 @@ def _how(ending: TurnEnding, failure: tuple[Status, str] | None) -> str:
     if ending.status == "expired":
         return f"paused, and the pause has expired{at}"
     if ending.finish_reason == "interrupted":
-        return f"paused{at}: `interlock pending` lists it while it waits"
+        flags, _ = repeated_flags(settings, ("--broker", "--store"))
+        return (
+            f"paused{at}: {pending_hint(settings)} lists it while it waits; `interlock resend "
+            f"{ending.snapshot_id}{flags}` announces it again with a new resume_token"
+        )
     return f"{ending.status}{at}"
 
 
@@ -267,18 +276,7 @@ def decide_hint(
     environment) holds, which `decide` reads too. A password in a repeated URL is
     hidden, and the hint says so. A store left at its default may not be the workers':
     the hint says that too (the command reads no store for a single turn)."""
-    env = os.environ if env is None else env
-    given = (
-        ("--broker", settings.broker_url, DEFAULT_BROKER, "INTERLOCK_BROKER_URL"),
-        ("--store", settings.store_url, DEFAULT_STORE, "INTERLOCK_STORE_URL"),
-    )
-    flags, hidden = "", False
-    for flag, url, default, variable in given:
-        if url == default or env.get(variable) == url:
-            continue
-        shown = redact_url(url)
-        hidden = hidden or shown != url
-        flags += f" {flag} {shown}"
+    flags, hidden = repeated_flags(settings, ("--broker", "--store"), env)
     notes = ["or --deny, --respond JSON"]
     if hidden:
         notes.append("put the password back where *** stands")
@@ -288,3 +286,32 @@ def decide_hint(
         f"answer with `interlock decide {snapshot_id} --token {token}{flags} --approve` "
         f"({'; '.join(notes)})"
     )
+
+
+def pending_hint(settings: Settings, env: Mapping[str, str] | None = None) -> str:
+    """The `interlock pending` command that lists this store's pauses, with the
+    `--store` it would not find itself (as `decide_hint`)."""
+    flags, hidden = repeated_flags(settings, ("--store",), env)
+    note = " (put the password back where *** stands)" if hidden else ""
+    return f"`interlock pending{flags}`{note}"
+
+
+def repeated_flags(
+    settings: Settings, wanted: tuple[str, ...], env: Mapping[str, str] | None = None
+) -> tuple[str, bool]:
+    """The `wanted` flags (`--broker`, `--store`) of `settings` that a command run next
+    would not find itself (not the defaults, nor what `env` holds: the process's
+    environment), as ` --flag URL` each with any password hidden; and whether one was."""
+    env = os.environ if env is None else env
+    given = (
+        ("--broker", settings.broker_url, DEFAULT_BROKER, "INTERLOCK_BROKER_URL"),
+        ("--store", settings.store_url, DEFAULT_STORE, "INTERLOCK_STORE_URL"),
+    )
+    flags, hidden = "", False
+    for flag, url, default, variable in given:
+        if flag not in wanted or url == default or env.get(variable) == url:
+            continue
+        shown = redact_url(url)
+        hidden = hidden or shown != url
+        flags += f" {flag} {shown}"
+    return flags, hidden
