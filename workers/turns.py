@@ -118,7 +118,9 @@ def run_turn(rt: Runtime, payload: dict[str, Any]) -> dict[str, Any]:
         request.turn_id, owner, rt.settings.turn_lease, session=session, request=mark
     )
     if start.kind is TurnStartKind.ENDED:
-        log.info("turn %s already ended (%s); not running it again", request.turn_id, start.status)
+        log.info(
+            "turn %s already ended (%s); not running it again", request.turn_id, start.ended_as()
+        )
         if start.status in _UNANSWERED:  # and a crash may have kept the claim: give it back
             _give_back(rt, request.snapshot_id, request.claimed_by)
         _flush(rt)

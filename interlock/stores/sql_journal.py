@@ -153,18 +153,20 @@ _ENDINGS = union_all(
     select(
         _SNAP.c.snapshot_id.label("snapshot_id"),
         cast(_SNAP.c.status, Text).label("status"),
+        cast(_SNAP.c.finish_reason, Text).label("finish_reason"),
         literal(0).label("rank"),
         _SNAP.c.seq.label("seq"),
     ).where(_SNAP.c.turn_id == bindparam("p_turn")),
     select(
         cast(null(), Text).label("snapshot_id"),
         cast(literal(REFUSED), Text).label("status"),
+        cast(null(), Text).label("finish_reason"),
         literal(1).label("rank"),
         literal(0).label("seq"),
     ).where(_JOURNAL.c.turn_id == bindparam("p_turn"), _JOURNAL.c.key == REFUSED),
 ).subquery()
 _ENDED = (
-    select(_ENDINGS.c.snapshot_id, _ENDINGS.c.status)
+    select(_ENDINGS.c.snapshot_id, _ENDINGS.c.status, _ENDINGS.c.finish_reason)
     .order_by(_ENDINGS.c.rank, _ENDINGS.c.seq)
     .limit(1)
 )
@@ -275,6 +277,16 @@ class TurnStart:
     """ENDED: the snapshot the turn ended with (None for a refused turn)."""
     status: str | None = None
     """ENDED: that snapshot's status, or `refused`."""
+    finish_reason: str | None = None
+    """ENDED: that snapshot's finish reason (`interrupted`: the turn paused)."""
+
+    def ended_as(self) -> str:
+        """ENDED: how, in a word or two for a log line: `paused`, `refused`, or the
+        snapshot's status (`completed`, `failed`, `aborted`, `expired`), with its id."""
+        how = self.status or "unknown"
+        if how == "completed" and self.finish_reason == "interrupted":
+            how = "paused"
+        return how if self.snapshot_id is None else f"{how}, snapshot {self.snapshot_id}"
 
 
 def refused_turns(store: SqlSessionStore, session_id: str) -> list[tuple[str, Any, datetime]]:
@@ -539,7 +551,8 @@ class SqlTurnJournal:
         if (ended := _F_ENDED.execute(conn, params).first()) is None:
             return None
         snapshot_id = str(ended[0]) if ended[0] is not None else None
-        return TurnStart(TurnStartKind.ENDED, snapshot_id, str(ended[1]))
+        reason = str(ended[2]) if ended[2] is not None else None
+        return TurnStart(TurnStartKind.ENDED, snapshot_id, str(ended[1]), reason)
 
     def _begin_portable(
         self, turn_id: str, owner: str, ttl: float, session: str | None, request: str | None

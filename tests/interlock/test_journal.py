@@ -407,6 +407,7 @@ def test_the_snapshot_ending_a_turn_gives_up_its_lease_and_journal(
         "completed",
     )
     assert sql_journal.held() == {}, "an ended turn holds no lease"
+    assert again.ended_as() == f"completed, snapshot {snapshot_id}"
 
 
 def test_a_run_that_ends_without_a_snapshot_leaves_its_journal_to_the_next(
@@ -530,6 +531,7 @@ def test_a_refusal_without_a_lease_ends_the_turn(sql_journal: SqlTurnJournal) ->
         assert sql_journal.refuse_in(conn, None, "unread", {"status": "INVALID_ARGUMENT"})
     start = sql_journal.begin("unread", "w1", ttl=30)
     assert (start.kind, start.snapshot_id, start.status) == (TurnStartKind.ENDED, None, "refused")
+    assert start.ended_as() == "refused"
     assert sql_journal.holder("unread") is None and sql_journal.held() == {}
     snapshot_id = _save_turn_end(sql_journal.store, "finished")
     with sql_journal.store.writer().begin() as conn:

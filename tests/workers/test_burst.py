@@ -473,7 +473,8 @@ def test_a_file_sent_again_with_wait_says_at_once_which_turns_had_ended(
         assert "3 of 3 turns had ended before" in fourth.stderr, fourth.describe()
         assert "waiting for" not in fourth.stderr, "nothing left to wait for"
         assert "error: FAILED_PRECONDITION: 1 of 3 turns failed" in fourth.stderr
-        worker.wait_for("again-transfer-2 already ended")
+        worker.wait_for(f"again-transfer-2 already ended (paused, snapshot {sid})")
+        worker.wait_for("again-3 already ended (refused)")
         assert len(batch.read_events(9, timeout=5)) == 4, "each turn announced once"
     finally:
         worker.stop()
