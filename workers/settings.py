@@ -225,6 +225,12 @@ def check_store_url(url: str) -> None:
             f"store URL {redact_url(url)!r} is not a database URL SQLAlchemy can use ({exc}): "
             + use,
         ) from None
+    if backend == "postgres":  # the short scheme of libpq and Heroku; SQLAlchemy has none
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"store URL {redact_url(url)!r}: write postgresql+psycopg:// in place of "
+            "postgres:// (SQLAlchemy does not take the short name)",
+        )
     if backend not in STORE_BACKENDS:
         raise StatusError(
             Status.INVALID_ARGUMENT,

@@ -521,3 +521,14 @@ def test_one_set_of_flags_serves_every_command(tmp_path: Path) -> None:
     assert ran.returncode == 0 and ran.stdout == "", ran.describe()
     made = run_cli("migrate", *flags, timeout=60)
     assert made.returncode == 0 and made.json_lines()[0]["tables"] == TABLES, made.describe()
+
+
+def test_the_commands_that_need_the_app_say_it_is_required() -> None:
+    """`--app` can come from INTERLOCK_APP, so click does not require it; the help of
+    every command that cannot run without it says so."""
+    for command in ("worker", "resume-consumer", "submit"):
+        shown = " ".join(run_cli(command, "--help").stdout.split())
+        assert "MODULE:OBJ" in shown and "required" in shown, (command, shown)
+    ran = run_cli("worker", "--broker", "redis://127.0.0.1:1/0")
+    assert ran.returncode == 1, ran.describe()
+    assert "no app given: pass --app MODULE:OBJ" in ran.stderr, ran.describe()

@@ -354,6 +354,11 @@ def test_waiting_on_or_deciding_through_a_dead_broker_is_one_clear_line(
             "mysql://u:secret@h/db",
             ("u:***@h/db", "the store runs on SQLite or PostgreSQL, not mysql"),
         ),
+        (
+            "--store",
+            "postgres://u:secret@h/db",
+            ("u:***@h/db", "write postgresql+psycopg:// in place of postgres://"),
+        ),
         ("--broker", "memory://", ("a memory:// broker lives inside one process",)),
     ],
 )

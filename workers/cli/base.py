@@ -300,7 +300,8 @@ def missing_sqlite_file(url: str) -> Path | None:
 app_option = click.option(
     "--app",
     envvar="INTERLOCK_APP",
-    help="Module defining the registry, MODULE:OBJ. [env: INTERLOCK_APP]",
+    help="Module defining the registry, MODULE:OBJ (MODULE alone: MODULE:ai); required: "
+    "it defines the agents and tools. [env: INTERLOCK_APP]",
 )
 broker_option = click.option(
     "--broker",
