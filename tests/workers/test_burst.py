@@ -468,7 +468,7 @@ def test_a_file_sent_again_with_wait_says_at_once_which_turns_had_ended(
             third.describe()
         )
         assert "answer the pending interrupts first" in last, third.describe()
-        fourth = run_cli(*args, "--file", tmp_path / "second.txt")
+        fourth = run_cli(*args, "--file", str(tmp_path / "second.txt"))
         assert fourth.returncode == 1, fourth.describe()
         assert "3 of 3 turns had ended before" in fourth.stderr, fourth.describe()
         assert "waiting for" not in fourth.stderr, "nothing left to wait for"
