@@ -124,14 +124,16 @@ class Channel(kombu_redis.Channel):
         super().__init__(*args, **kwargs)
 
     def _create_client(self, asynchronous: bool = False) -> Any:
-        if self.connection.client is None:
+        if self.connection is None or self.connection.client is None:
             # The kombu connection has let go of this transport (it is being closed, as
             # Celery does when the broker goes away) and the channel, closing after it,
-            # asks for a client to restore its unacked messages: kombu would fail with an
-            # AttributeError building a pool from nothing, which a worker takes for an
-            # unrecoverable error and exits. A connection error is what closing expects;
-            # the messages stay in Redis' unacked index and come back after the
-            # visibility timeout.
+            # asks for a client to restore its unacked messages; or the channel is closed
+            # (no connection at all) and a task that ran on through the loss acks its
+            # message. kombu would fail with an AttributeError building a pool from
+            # nothing, which a worker takes for an unrecoverable error and exits. A
+            # connection error is what closing expects, and what Celery logs for an ack
+            # that cannot be made; the messages stay in Redis' unacked index and come
+            # back after the visibility timeout.
             raise redis.exceptions.ConnectionError("the broker connection has been closed")
         if asynchronous:  # blocking reads (BRPOP, pub/sub) keep their own clients
             return super()._create_client(asynchronous=True)

@@ -550,6 +550,13 @@ def test_a_channel_closing_after_its_connection_keeps_its_unacked_messages(
     conn.transport.client = None  # as kombu's Connection._close leaves it
     channel._disconnect_pools()
     conn.maybe_close_channel(channel)  # raised AttributeError: 'NoneType' ... 'hostname'
+    # A close that could restore ends by letting go of the channel (Redis came back);
+    # a task that ran on through the loss then acks its message on the closed channel:
+    # a connection error, which Celery logs (an AttributeError stopped the worker).
+    conn.transport.close_channel(channel)
+    assert channel.connection is None
+    with pytest.raises(redis.exceptions.ConnectionError, match="connection has been closed"):
+        message.ack()
     raw = redis.Redis.from_url(redis_url)
     try:
         assert raw.hexists("unacked", tag), "kept for the visibility timeout's restore"
