@@ -699,3 +699,30 @@ def test_a_dead_letter_that_cannot_be_published_leaves_the_turn_on_its_queue(
             dead.get(timeout=1)  # no dead letter was kept
     finally:
         dead.close()
+
+
+@pytest.mark.parametrize("command", ["worker", "resume-consumer"])
+def test_a_served_process_says_at_start_that_it_cannot_use_its_store(
+    batch: Batch, tmp_path: Path, command: str
+) -> None:
+    """Served, a store that cannot be reached does not stop the process (it may come up
+    later) but is said at once on stderr, naming the flag to check; in burst mode it is
+    one error line (exit 1)."""
+    store = f"postgresql+psycopg://nobody:secret@127.0.0.1:{free_port()}/interlock"
+    flags = ["--app", APP, "--broker", batch.server.url, "--store", store]
+    served = Service(command, [command, *flags], tmp_path / f"{command}.log")
+    try:
+        served.wait_for("starting", timeout=60)
+        said = served.output()
+        assert "warning: cannot reach the store: " in said, said
+        assert (
+            "starts anyway, and what it serves waits and is retried while the store cannot "
+            "be used: check --store or INTERLOCK_STORE_URL"
+        ) in said, said
+        assert "secret" not in said, "the password is hidden"
+        assert served.alive, said
+    finally:
+        served.stop()
+    burst = run_cli(command, "--burst", *flags, timeout=120)
+    assert burst.returncode == 1, burst.describe()
+    assert "error: UNAVAILABLE: cannot reach the store: " in burst.stderr, burst.describe()

@@ -20,6 +20,7 @@ from .base import (
     burst_option,
     clear_errors,
     emit,
+    error_line,
     idle_option,
     main,
     reach_store,
@@ -34,6 +35,28 @@ __all__: list[str] = []
 
 
 # -- long-running processes ---------------------------------------------------------------
+
+
+def _check_store(url: str, burst: bool, who: str) -> None:
+    """Open the store once before serving. In burst mode (a batch job) a store that
+    cannot be reached or used is one line (UNAVAILABLE), at once. Served, the process
+    starts anyway (the store may come up later) but says so on stderr, where a wrong
+    URL (a database that does not exist, say) would otherwise show only when a turn or
+    decision fails."""
+    if burst:
+        reach_store(url)
+        return
+    try:
+        reach_store(url)
+    except Exception as exc:
+        said = error_line(exc)
+        if said is None:
+            raise
+        click.echo(
+            f"warning: {said[1]}; the {who} starts anyway, and what it serves waits and is "
+            "retried while the store cannot be used: check --store or INTERLOCK_STORE_URL",
+            err=True,
+        )
 
 
 @main.command(short_help="Run a Celery worker for interlock.run_turn.")
@@ -94,7 +117,7 @@ def worker(
     load_registry(settings.app)  # fail here, clearly, rather than inside Celery
     if burst:  # a batch job: no broker or store, one line (UNAVAILABLE), turns kept queued
         _reach_broker(settings)
-        reach_store(settings.store_url)
+    _check_store(settings.store_url, burst, "worker")
     _declare_first(settings)
     emit(
         {
@@ -226,8 +249,7 @@ def resume_consumer(
     consumer = ResumeConsumer(celery_app, heartbeat_file=settings.heartbeat_file)
     rt = consumer.rt
     rt.registry  # noqa: B018 - fail early on a bad --app
-    if burst:  # a batch job: a store it cannot use is one line (UNAVAILABLE), at once
-        reach_store(settings.store_url)
+    _check_store(settings.store_url, burst, "resume consumer")
     _declare_first(settings)
     maintenance = Maintenance(rt)
     maintenance.start(settings.relay_interval)  # at start-up, then periodically
