@@ -52,12 +52,31 @@ def test_a_bad_number_names_its_variable(
 
 def test_the_cli_says_which_variable_is_wrong(tmp_path: Path) -> None:
     env = child_env(INTERLOCK_VISIBILITY_TIMEOUT="soon")
-    result = run_cli("pending", "--store", f"sqlite:///{tmp_path}/i.db", env=env, timeout=60)
+    store = f"sqlite:///{tmp_path}/i.db"
+    result = run_cli("worker", "--app", "examples.banking:ai", "--store", store, env=env)
     assert result.returncode == 1, result.describe()
     assert result.stderr.strip() == (
         "error: INVALID_ARGUMENT: INTERLOCK_VISIBILITY_TIMEOUT must be a whole number of "
         "seconds greater than 0, got 'soon'"
     )
+
+
+def test_the_commands_that_read_only_the_store_read_only_its_variable(tmp_path: Path) -> None:
+    """`pending` and `audit` read INTERLOCK_STORE_URL alone: a value they do not use, in
+    another variable, cannot stop them; a bad store URL still does."""
+    env = child_env(
+        INTERLOCK_VISIBILITY_TIMEOUT="soon",
+        INTERLOCK_BROKER_URL="bogus://x",
+        INTERLOCK_STORE_URL=f"sqlite:///{tmp_path}/none.db",
+    )
+    pending = run_cli("pending", env=env, timeout=60)
+    assert pending.returncode == 0, pending.describe()
+    assert f"no open interrupts: no store at {tmp_path}/none.db yet" in pending.stderr
+    audit = run_cli("audit", "some-session", env=env, timeout=60)
+    assert audit.returncode == 1, audit.describe()
+    assert f"error: NOT_FOUND: no store at {tmp_path}/none.db" in audit.stderr, audit.describe()
+    bad = run_cli("pending", env={**env, "INTERLOCK_STORE_URL": "mysql://h/db"}, timeout=60)
+    assert bad.returncode == 1 and "not mysql" in bad.stderr, bad.describe()
 
 
 def test_a_busy_turn_is_looked_at_again_within_the_visibility_timeout() -> None:

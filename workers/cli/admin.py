@@ -31,6 +31,7 @@ from .base import (
     shared_store,
     store_option,
     store_tables,
+    store_url_of,
     unused,
 )
 
@@ -282,7 +283,7 @@ def audit(session_id: str, store: str | None) -> None:
 
     from ..audit import session_history
 
-    url = settings_of(store=store).store_url
+    url = store_url_of(store)
     sql = read_store(url)
     try:
         tables = store_tables(sql)

@@ -348,6 +348,18 @@ def settings_of(
     return settings
 
 
+def store_url_of(store: str | None) -> str:
+    """The store URL of a command that reads only the store (`pending`, `audit`): its
+    flag, else `INTERLOCK_STORE_URL`, else the default; checked. The other variables
+    are not read, so a value there that this command does not use cannot stop it."""
+    from ..settings import DEFAULT_STORE, check_store_url
+
+    url = store or os.environ.get("INTERLOCK_STORE_URL") or DEFAULT_STORE
+    check_store_url(url)
+    _STORE_IN_USE.url = url
+    return url
+
+
 def shared_broker(settings: Settings) -> Settings:
     """`settings`, for a command that talks to other processes through the broker: an
     in-process broker (`memory://`) would lose what it sends, so it is refused."""

@@ -27,6 +27,7 @@ from .base import (
     store_option,
     store_read,
     store_tables,
+    store_url_of,
     submit_store_option,
     terminable,
     timeout_option,
@@ -293,7 +294,7 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
     than --limit, says so on stderr."""
     from interlock import FinishReason, SnapshotStatus, SqlSessionStore
 
-    url = settings_of(store=store).store_url
+    url = store_url_of(store)
     missing = missing_sqlite_file(url)
     if missing is not None:  # nothing has run on it: nothing waits (and none is made)
         click.echo(f"no open interrupts: no store at {missing} yet", err=True)
