@@ -43,14 +43,11 @@ def _check_store(url: str, burst: bool, who: str) -> None:
     starts anyway (the store may come up later) but says so on stderr, where a wrong
     URL (a database that does not exist, say) would otherwise show only when a turn or
     decision fails."""
-    if burst:
-        reach_store(url)
-        return
     try:
         reach_store(url)
     except Exception as exc:
         said = error_line(exc)
-        if said is None:
+        if burst or said is None:
             raise
         click.echo(
             f"warning: {said[1]}; the {who} starts anyway, and what it serves waits and is "
