@@ -39,6 +39,7 @@ from .runtime import Runtime
 __all__ = [
     "RESUME_PREFIX",
     "ParseFailure",
+    "check_token",
     "evaluate",
     "lenient_failure",
     "parse_decision",
@@ -325,26 +326,31 @@ def evaluate(rt: Runtime, decision: Decision, snapshot: Snapshot | None) -> Turn
     claim (rule 6) is the caller's, in the transaction that records the outcome."""
     if snapshot is None:
         raise SnapshotNotFoundError(f"snapshot {decision.snapshot_id} not found")
-    # A snapshot that never paused was issued no token and can never be resumed: it is
-    # refused for what it is (FAILED_PRECONDITION, rule 4) whatever token came with it.
-    # One that paused (and has expired since, say) is refused so only to its token's
-    # holder: to anyone else, it is PERMISSION_DENIED like any pause.
-    paused = (
-        snapshot.finish_reason == FinishReason.INTERRUPTED or snapshot.resume_token_hash is not None
-    )
-    if paused and not token_matches(decision.resume_token, snapshot.resume_token_hash):
-        raise StatusError(
-            Status.PERMISSION_DENIED,
-            f"resume_token does not match snapshot {snapshot.snapshot_id}"
-            if decision.resume_token
-            else f"the decision has no resume_token for snapshot {snapshot.snapshot_id}: "
-            "send the one its turn.interrupted event carries",
-        )
+    check_token(snapshot, decision.resume_token)
     check_resumable(snapshot, claimed_by=decision.decision_id)
     agent = rt.agent(snapshot.agent).with_store(Preloaded(rt.store, snapshot))
     resume = to_tool_resume(decision, snapshot)
     agent.validate_resume(resume, snapshot_id=snapshot.snapshot_id, claimed_by=decision.decision_id)
     return _request(decision, snapshot, resume)
+
+
+def check_token(snapshot: Snapshot, token: str | None) -> None:
+    """Rule 3: `token` must be the resume token of `snapshot`'s pause, else
+    PERMISSION_DENIED. A snapshot that never paused was issued no token and can never be
+    resumed: it is left to rule 4 (FAILED_PRECONDITION) whatever token comes with it.
+    One that paused (and has expired since, say) is refused so only to its token's
+    holder: to anyone else, it is PERMISSION_DENIED like any pause."""
+    paused = (
+        snapshot.finish_reason == FinishReason.INTERRUPTED or snapshot.resume_token_hash is not None
+    )
+    if paused and not token_matches(token, snapshot.resume_token_hash):
+        raise StatusError(
+            Status.PERMISSION_DENIED,
+            f"resume_token does not match snapshot {snapshot.snapshot_id}"
+            if token
+            else f"the decision has no resume_token for snapshot {snapshot.snapshot_id}: "
+            "send the one its turn.interrupted event carries",
+        )
 
 
 def resume_request(decision: Decision, snapshot: Snapshot) -> TurnRequest:

@@ -376,6 +376,7 @@ def test_the_commands_that_read_the_store_make_no_table_in_a_database_without_on
 
 def test_decide_wait_with_no_consumer_says_what_it_waited_for(tmp_path: Path) -> None:
     """Its own broker: the decision it sends stays there, read by no other test."""
+    from events.tokens import hash_token
     from examples.banking import bankingAgent
     from interlock import SqlSessionStore
 
@@ -383,9 +384,11 @@ def test_decide_wait_with_no_consumer_says_what_it_waited_for(tmp_path: Path) ->
     store = SqlSessionStore(url)
     try:
         paused = bankingAgent.with_store(store).run_text("Transfer $5 to savings")
+        assert paused.snapshot_id is not None
+        with store.writer().begin() as conn:  # the token a worker would have issued
+            assert store.replace_token_hash_in(conn, paused.snapshot_id, hash_token("t"))
     finally:
         store.dispose()
-    assert paused.snapshot_id is not None
     broker = start_redis(tmp_path / "redis")
     try:
         result = run_cli(

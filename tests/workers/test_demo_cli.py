@@ -230,21 +230,37 @@ def test_decide_deny_with_the_token_from_the_environment(
     assert done.message.text == "The transfer of $40.00 to gym was declined."  # type: ignore[attr-defined]
 
 
-def test_decide_with_a_wrong_token_is_rejected_by_the_consumer(
+def test_decide_with_a_wrong_token_is_refused_before_anything_is_sent(
     stack: QueueStack, dash: Dashboard
 ) -> None:
+    """The token is checked against the stored hash as the consumer would (rule 3, before
+    the snapshot's state): a wrong one exits 1 with PERMISSION_DENIED, names the way to a
+    new token, and sends nothing; the pause stays open for the right one."""
     paused = dash.paused("Transfer $41 to nowhere")
-    decided = run_cli(
-        "decide", paused.snapshot_id, "--token", "guessed", "--approve",
-        "--store", stack.store_url, "--broker", stack.broker_url,
+    where = ["--store", stack.store_url, "--broker", stack.broker_url]
+    for token in ("guessed", ""):
+        decided = run_cli("decide", paused.snapshot_id, "--token", token, "--approve", *where)
+        assert decided.returncode == 1, decided.describe()
+        assert decided.stdout == "", "no decision id: nothing was published"
+        assert "error: PERMISSION_DENIED: " in decided.stderr, decided.describe()
+        assert "nothing was sent" in decided.stderr
+        resend = (
+            f"`interlock resend {paused.snapshot_id} --broker {stack.broker_url} "
+            f"--store {stack.store_url}`"
+        )
+        assert resend in decided.stderr, "the way to a new token, with the flags it needs"
+        assert "Traceback" not in decided.stderr
+    right = run_cli(
+        "decide", paused.snapshot_id, "--token", paused.resume_token, "--approve", *where
     )  # fmt: skip
-    assert decided.returncode == 0, decided.describe()  # published; the consumer decides
-    assert "sent: the resume consumer checks it" in decided.stderr, "and says so"
-    [out] = decided.json_lines()
-    rejected = dash.outcome(out["decision_id"])
-    assert rejected.type == "decision.rejected"
-    assert rejected.model_dump()["reviewer"] == getpass.getuser(), "by default, the login name"
-    assert rejected.error.status == "PERMISSION_DENIED"  # type: ignore[attr-defined]
+    assert right.returncode == 0, right.describe()
+    [out] = right.json_lines()
+    accepted = dash.outcome(out["decision_id"])
+    assert accepted.type == "decision.accepted", accepted.model_dump_json()
+    assert accepted.model_dump()["reviewer"] == getpass.getuser(), "by default, the login name"
+    history = run_cli("audit", paused.session_id, "--store", stack.store_url)
+    decisions = [e for e in history.json_lines() if "decision_id" in e]
+    assert {e["decision_id"] for e in decisions} == {out["decision_id"]}, history.describe()
 
 
 def test_decide_with_an_empty_reviewer_sends_none(stack: QueueStack, dash: Dashboard) -> None:

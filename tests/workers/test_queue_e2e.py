@@ -424,8 +424,11 @@ def test_the_cli_alone_submits_waits_and_decides(stack: QueueStack) -> None:
     wrong = run_cli("decide", paused["snapshot_id"], "--token", "not-it", "--approve",
                     "--wait", *where)  # fmt: skip
     assert wrong.returncode == 1, wrong.describe()
-    assert "PERMISSION_DENIED: decision rejected" in wrong.stderr
-    assert wrong.json_lines()[-1]["type"] == "decision.rejected"
+    assert (
+        f"PERMISSION_DENIED: resume_token does not match snapshot {paused['snapshot_id']}; "
+        "nothing was sent" in wrong.stderr
+    ), wrong.describe()
+    assert wrong.json_lines() == [], "refused before anything is sent"
 
     # The hint of `submit --wait` runs as pasted: it repeats --broker and --store.
     [hint] = re.findall(r"`interlock (decide [^`]+)`", submitted.stderr)

@@ -34,7 +34,7 @@ from .base import (
     unused,
     wait_option,
 )
-from .waiter import Waiter
+from .waiter import Waiter, repeated_flags
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -422,7 +422,8 @@ def decide(
 
     The resume consumer checks it and publishes decision.accepted or decision.rejected.
     With --wait, then prints that outcome (a rejection exits 1) and, once accepted, the
-    event that ends the resumed turn."""
+    event that ends the resumed turn. What the consumer would refuse for the snapshot (a
+    wrong --token, a pause answered or expired) is refused before anything is sent."""
     from events.publisher import Publisher
     from interlock import approve as approve_call
     from interlock import deny as deny_call
@@ -430,7 +431,7 @@ def decide(
     from interlock.resume import check_resumable, pending_interrupts
     from schemas import Decision, RespondEntry, RestartEntry
 
-    from ..decisions import resume_turn_id
+    from ..decisions import check_token, resume_turn_id
 
     if [approve, deny, respond_json is not None].count(True) != 1:
         raise click.UsageError("give exactly one of --approve, --deny, --respond JSON")
@@ -455,9 +456,21 @@ def decide(
     if snap is None:
         where = f": {empty}" if empty is not None else " in the store"
         raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found{where}")
-    # What the consumer would refuse for the snapshot's state (rule 4: expired, already
-    # resumed, not interrupted) is refused here, before anything is sent: a script that
-    # decides without --wait would take a sent decision for an answered pause.
+    # What the consumer would refuse for the token or the snapshot's state (rules 3 and
+    # 4: a wrong token; expired, already resumed, not interrupted) is refused here, in
+    # its order, before anything is sent: a script that decides without --wait would
+    # take a sent decision for an answered pause.
+    try:
+        check_token(snap, resume_token)
+    except StatusError as exc:
+        flags, hidden = repeated_flags(settings, ("--broker", "--store"))
+        note = " (put the password back where *** stands)" if hidden else ""
+        raise StatusError(
+            exc.status,
+            f"{exc.message}; nothing was sent. Use the resume_token of its latest "
+            "turn.interrupted event, or announce the pause again with a new one: "
+            f"`interlock resend {snapshot_id}{flags}`{note}",
+        ) from None
     check_resumable(snap)
     pending = {
         p.tool_request.ref: p
