@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -14,6 +15,8 @@ from sqlalchemy import create_engine, inspect, text
 from tests.queue_helpers import child_env, interlock_bin, run_cli
 from tests.services import free_port, start_redis
 from workers.settings import redact_url
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TABLES = [
     "interlock_decision",
@@ -535,3 +538,28 @@ def test_the_commands_that_need_the_app_say_it_is_required() -> None:
     ran = run_cli("worker", "--broker", "redis://127.0.0.1:1/0")
     assert ran.returncode == 1, ran.describe()
     assert "no app given: pass --app MODULE:OBJ" in ran.stderr, ran.describe()
+
+
+def test_the_serving_commands_name_the_variables_they_read_without_a_flag() -> None:
+    """`worker --help` and `resume-consumer --help` name each INTERLOCK_* variable
+    `Settings.from_env` reads that no flag of theirs shows, with its default as read
+    from `Settings`; docs/queues.md lists the same variables."""
+    import inspect as source
+
+    from workers.settings import Settings
+
+    read = set(re.findall(r'"(INTERLOCK_[A-Z_]+)"', source.getsource(Settings.from_env)))
+    flagged = {"INTERLOCK_BROKER_URL", "INTERLOCK_STORE_URL", "INTERLOCK_APP"}
+    flagged.add("INTERLOCK_HEARTBEAT_FILE")
+    defaults = Settings()
+    docs = (ROOT / "docs" / "queues.md").read_text()
+    for command, wanted in (
+        ("worker", {"INTERLOCK_SECRET", "INTERLOCK_VISIBILITY_TIMEOUT", "INTERLOCK_TURN_LEASE"}),
+        ("resume-consumer", read - flagged),
+    ):
+        shown = " ".join(run_cli(command, "--help").stdout.split())
+        named = set(re.findall(r"INTERLOCK_[A-Z_]+", shown.split("Also read from")[-1]))
+        assert named == wanted, (command, named)
+        assert f"INTERLOCK_VISIBILITY_TIMEOUT ({defaults.visibility_timeout} s:" in shown
+        assert f"INTERLOCK_TURN_LEASE ({defaults.turn_lease:g} s:" in shown
+        assert all(f"| `{name}` |" in docs for name in named), command

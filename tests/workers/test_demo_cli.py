@@ -38,13 +38,17 @@ DEMOS = {
 @pytest.fixture(scope="module")
 def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[CliResult, Path]]:
     """The three demos, run at once (each takes seconds, mostly waiting), each in an
-    empty directory of its own and with no INTERLOCK_* variable set."""
+    empty directory of its own and with no INTERLOCK_* variable set; but for the deny
+    demo's INTERLOCK_BROKER_URL, a broker that is not there, which the demo does not
+    read (it needs no server)."""
     folders = {name: tmp_path_factory.mktemp(f"demo-{name}") for name in DEMOS}
     env = child_env()
     env.pop("INTERLOCK_SECRET")
+    envs = {name: env for name in DEMOS}
+    envs["deny"] = {**env, "INTERLOCK_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"}
     with ThreadPoolExecutor(len(DEMOS)) as pool:
         futures = {
-            name: pool.submit(run_cli, *args, env=env, cwd=folders[name], timeout=100)
+            name: pool.submit(run_cli, *args, env=envs[name], cwd=folders[name], timeout=100)
             for name, args in DEMOS.items()
         }
         return {name: (future.result(), folders[name]) for name, future in futures.items()}
@@ -74,6 +78,7 @@ def test_demo_deny_ends_declined(demo_runs: dict[str, tuple[CliResult, Path]]) -
     assert line["type"] == "turn.completed"
     assert line["text"] == "The transfer of $500.00 to savings was declined.", result.describe()
     assert "human: deny" in result.stdout
+    assert "embedded: broker memory://" in result.stdout, "INTERLOCK_BROKER_URL is not read"
 
 
 def test_demo_in_process(demo_runs: dict[str, tuple[CliResult, Path]]) -> None:

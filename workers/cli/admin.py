@@ -48,13 +48,15 @@ DEMO_TEXT = "Transfer $500 to my savings account."
     "--broker",
     default=None,
     help="Run against a running worker and resume consumer on this broker "
-    "(default: everything in this process, no server needed).",
+    "(default: everything in this process, no server needed; INTERLOCK_BROKER_URL is "
+    "not read, so that the demo runs anywhere).",
 )
 @click.option(
     "--store",
     default=None,
-    help="Store URL: with --broker, the one the worker uses; without it, where the demo's "
-    "own store is kept (default: a temporary SQLite file).",
+    help="Store URL: with --broker, the one the worker uses [env: INTERLOCK_STORE_URL; "
+    "default sqlite:///interlock.db]; without it, where the demo's own store is kept "
+    "(default: a temporary SQLite file).",
 )
 @click.option("--in-process", is_flag=True, help="Skip the queues: call the agent directly.")
 @click.option(

@@ -56,7 +56,32 @@ def _check_store(url: str, burst: bool, who: str) -> None:
         )
 
 
-@main.command(short_help="Run a Celery worker for interlock.run_turn.")
+_DEFAULTS = Settings()
+
+
+def _seconds(value: float) -> str:
+    return "a week" if value == 7 * 24 * 3600 else f"{value:g} s"
+
+
+_ENV_SHARED = (
+    "INTERLOCK_SECRET (signs client-managed states; default: a random one per process), "
+    f"INTERLOCK_VISIBILITY_TIMEOUT ({_seconds(_DEFAULTS.visibility_timeout)}: a message "
+    "fetched and not acked by then is delivered again; set it alike for every client of "
+    f"the Redis database), INTERLOCK_TURN_LEASE ({_seconds(_DEFAULTS.turn_lease)}: a "
+    "running turn's lease, renewed every third)"
+)
+
+_WORKER_EPILOG = f"Also read from the environment: {_ENV_SHARED}. See docs/queues.md, Settings."
+
+_CONSUMER_EPILOG = (
+    f"Also read from the environment: {_ENV_SHARED}, INTERLOCK_RELAY_INTERVAL "
+    f"({_seconds(_DEFAULTS.relay_interval)} between sweeps of the outbox and the "
+    f"deadlines), INTERLOCK_OUTBOX_RETENTION ({_seconds(_DEFAULTS.outbox_retention)}: "
+    "how long a published event's outbox row is kept). See docs/queues.md, Settings."
+)
+
+
+@main.command(short_help="Run a Celery worker for interlock.run_turn.", epilog=_WORKER_EPILOG)
 @app_option
 @broker_option
 @store_option
@@ -207,7 +232,9 @@ def _reach_broker(settings: Settings) -> None:
 
 
 @main.command(
-    "resume-consumer", short_help="Run the resume consumer: decisions in, resumed turns out."
+    "resume-consumer",
+    short_help="Run the resume consumer: decisions in, resumed turns out.",
+    epilog=_CONSUMER_EPILOG,
 )
 @app_option
 @broker_option
