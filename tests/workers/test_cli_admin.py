@@ -563,3 +563,49 @@ def test_the_serving_commands_name_the_variables_they_read_without_a_flag() -> N
         assert f"INTERLOCK_VISIBILITY_TIMEOUT ({defaults.visibility_timeout} s:" in shown
         assert f"INTERLOCK_TURN_LEASE ({defaults.turn_lease:g} s:" in shown
         assert all(f"| `{name}` |" in docs for name in named), command
+
+
+def test_a_store_url_the_server_refuses_is_said_as_a_refusal_not_an_outage(
+    pg_admin: str, tmp_path: Path
+) -> None:
+    """A PostgreSQL server that answers but has no such database (NOT_FOUND: make it) or
+    no such user (UNAUTHENTICATED) is a mistake in the URL, not an outage: each command
+    that reads the store says which, with the way out, in one line."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    name = f"interlock_absent_{uuid.uuid4().hex[:8]}"
+    absent = make_url(pg_admin).set(database=name).render_as_string(hide_password=False)
+    broker = ["--broker", f"redis://127.0.0.1:{free_port()}/0"]  # never reached
+    server = start_redis(tmp_path / "redis")  # the burst worker reaches its broker first
+    try:
+        worker = ["worker", "--burst", "--app", "examples.banking:ai", "--broker", server.url]
+        runs = [
+            run_cli(*args, "--store", absent, timeout=60)
+            for args in (
+                ["pending"],
+                ["audit", "some-session"],
+                ["decide", "snap-1", "--token", "t", "--approve", *broker],
+                worker,
+            )
+        ]
+    finally:
+        server.stop()
+    for ran in runs:
+        assert ran.returncode == 1, ran.describe()
+        assert ran.stderr.strip().splitlines()[-1] == (
+            f"error: NOT_FOUND: the store's database '{name}' does not exist on its server "
+            f"({redact_url(absent)}): make it (`createdb {name}`, then `interlock migrate`), "
+            "or check --store or INTERLOCK_STORE_URL"
+        ), ran.describe()
+    checked = run_cli("health", "--store", absent, *broker)
+    assert checked.returncode == 1, checked.describe()
+    assert checked.json_lines()[0]["store"].startswith(
+        f"error: NOT_FOUND: the store's database '{name}' does not exist"
+    ), checked.describe()
+    stranger = make_url(pg_admin).set(username=f"nobody_{name}", password=None)
+    refused = run_cli("pending", "--store", stranger.render_as_string(hide_password=False))
+    assert refused.returncode == 1, refused.describe()
+    assert "error: UNAUTHENTICATED: the store's server refused the login: " in refused.stderr
+    assert "check the user and password of --store" in refused.stderr, refused.describe()

@@ -30,6 +30,7 @@ from .base import (
     shared_broker,
     shared_store,
     store_option,
+    store_refusal,
     store_tables,
     store_url_of,
     unused,
@@ -219,7 +220,9 @@ def health(
             engine.dispose()
         report["store"] = "ok"
     except Exception as exc:
-        report["store"] = f"error: {one_line(exc)}"
+        known = store_refusal(exc)  # a refusal (NOT_FOUND, UNAUTHENTICATED), not an outage
+        said = one_line(exc) if known is None else f"{known[0].value}: {known[1]}"
+        report["store"] = f"error: {said}"
     if heartbeat_file:
         path = Path(heartbeat_file)
         age = time.time() - path.stat().st_mtime if path.exists() else None

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -93,6 +94,9 @@ def error_line(exc: Exception) -> tuple[Status, str] | None:
         return refusal
     if isinstance(exc, OSError):
         return Status.UNAVAILABLE, str(exc)
+    refusal = store_refusal(exc)
+    if refusal is not None:
+        return refusal
     reason = unreachable(exc)
     return None if reason is None else (Status.UNAVAILABLE, reason)
 
@@ -123,6 +127,37 @@ def broker_refusal(exc: BaseException) -> tuple[Status, str] | None:
                 "--broker or INTERLOCK_BROKER_URL and the user's permissions there"
             )
         seen = seen.__cause__ or seen.__context__
+    return None
+
+
+_NO_DATABASE = re.compile(r'database "(?P<name>[^"]+)" does not exist')
+_NO_LOGIN = re.compile(r'role "[^"]+" does not exist|password authentication failed')
+
+
+def store_refusal(exc: BaseException) -> tuple[Status, str] | None:
+    """The status and line of a PostgreSQL server that answered and refused the store's
+    URL (a database that does not exist: NOT_FOUND; an unknown user or a wrong
+    password: UNAUTHENTICATED); None for anything else. Trying again cannot help: the
+    operator must fix the URL, or make the database."""
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(exc, DBAPIError):
+        return None
+    said = one_line(exc)
+    where = "" if _STORE_IN_USE.url is None else f" ({redact_url(_STORE_IN_USE.url)})"
+    missing = _NO_DATABASE.search(said)
+    if missing is not None:
+        name = missing["name"]
+        return Status.NOT_FOUND, (
+            f"the store's database {name!r} does not exist on its server{where}: make it "
+            f"(`createdb {name}`, then `interlock migrate`), or check --store or "
+            "INTERLOCK_STORE_URL"
+        )
+    if _NO_LOGIN.search(said):
+        return Status.UNAUTHENTICATED, (
+            f"the store's server refused the login: {said}{where}; check the user and "
+            "password of --store or INTERLOCK_STORE_URL"
+        )
     return None
 
 

@@ -49,9 +49,10 @@ def _check_store(url: str, burst: bool, who: str) -> None:
         said = error_line(exc)
         if burst or said is None:
             raise
+        check = "" if "check --store" in said[1] else ": check --store or INTERLOCK_STORE_URL"
         click.echo(
             f"warning: {said[1]}; the {who} starts anyway, and what it serves waits and is "
-            "retried while the store cannot be used: check --store or INTERLOCK_STORE_URL",
+            f"retried while the store cannot be used{check}",
             err=True,
         )
 
