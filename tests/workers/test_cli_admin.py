@@ -609,3 +609,18 @@ def test_a_store_url_the_server_refuses_is_said_as_a_refusal_not_an_outage(
     assert refused.returncode == 1, refused.describe()
     assert "error: UNAUTHENTICATED: the store's server refused the login: " in refused.stderr
     assert "check the user and password of --store" in refused.stderr, refused.describe()
+
+
+def test_decide_and_resend_name_the_store_where_a_snapshot_is_not(tmp_path: Path) -> None:
+    """A snapshot id the store does not hold: NOT_FOUND, naming the store that was read
+    (the default one may not be the workers'), before any broker is reached."""
+    url = f"sqlite:///{tmp_path / 'here.db'}"
+    assert run_cli("migrate", "--store", url).returncode == 0
+    broker = ["--broker", f"redis://127.0.0.1:{free_port()}/0"]  # never reached
+    for args in (["decide", "nosuch", "--token", "t", "--approve"], ["resend", "nosuch"]):
+        ran = run_cli(*args, "--store", url, *broker, timeout=60)
+        assert ran.returncode == 1, ran.describe()
+        assert ran.stderr.strip() == (
+            f"error: NOT_FOUND: snapshot nosuch not found in the store at {url} "
+            "(check --store or INTERLOCK_STORE_URL)"
+        ), ran.describe()

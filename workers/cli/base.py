@@ -299,6 +299,14 @@ def no_tables(tables: set[str], url: str) -> str | None:
     )
 
 
+def not_in(url: str, empty: str | None) -> str:
+    """How a "not found" ends for the store at `url`: why it holds nothing (`empty`, from
+    `no_tables`), else which store was read, for a lookup that found no row there."""
+    if empty is not None:
+        return f": {empty}"
+    return f" in the store at {redact_url(url)} (check --store or INTERLOCK_STORE_URL)"
+
+
 def check_sqlite_folder(url: str) -> None:
     """NOT_FOUND, naming it, when the folder of a SQLite store that is not there yet
     does not exist (SQLite would say only "unable to open database file")."""

@@ -13,6 +13,7 @@ from .base import (
     error_line,
     main,
     no_tables,
+    not_in,
     read_store,
     settings_of,
     shared_broker,
@@ -49,8 +50,10 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
         empty = store_read(lambda: no_tables(store_tables(sql), settings.store_url))
         found = store_read(lambda: sql.get_snapshot(snapshot_id)) if empty is None else None
         if found is None:
-            where = f": {empty}" if empty is not None else ""
-            raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found{where}")
+            raise StatusError(
+                Status.NOT_FOUND,
+                f"snapshot {snapshot_id} not found{not_in(settings.store_url, empty)}",
+            )
         check_resumable(found)  # an open pause: interrupted, unclaimed, not expired
         event = event_for_snapshot(found)  # a new token; its hash set on `found`
         assert isinstance(event, TurnInterrupted) and event.resume_token is not None

@@ -20,6 +20,7 @@ from .base import (
     main,
     missing_sqlite_file,
     no_tables,
+    not_in,
     read_store,
     settings_of,
     shared_broker,
@@ -454,8 +455,9 @@ def decide(
     finally:
         sql.dispose()
     if snap is None:
-        where = f": {empty}" if empty is not None else " in the store"
-        raise StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found{where}")
+        raise StatusError(
+            Status.NOT_FOUND, f"snapshot {snapshot_id} not found{not_in(settings.store_url, empty)}"
+        )
     # What the consumer would refuse for the token or the snapshot's state (rules 3 and
     # 4: a wrong token; expired, already resumed, not interrupted) is refused here, in
     # its order, before anything is sent: a script that decides without --wait would
