@@ -24,6 +24,8 @@ from interlock.stores.failures import first_line as one_line
 from ..settings import Settings, redact_url
 
 if TYPE_CHECKING:
+    from kombu.connection import Connection
+
     from interlock import SqlSessionStore
 
 __all__ = ["main"]
@@ -297,6 +299,15 @@ def no_tables(tables: set[str], url: str) -> str | None:
     return f"the store at {redact_url(url)} has no Interlock tables (check --store or " + (
         "INTERLOCK_STORE_URL; `interlock migrate` makes them)"
     )
+
+
+def reach_broker(conn: Connection) -> None:
+    """Connect `conn` with about two seconds of tries, as Celery's `send_task` does for
+    `submit`: a command a person runs says at once that the broker cannot be reached
+    (UNAVAILABLE) rather than waiting through an outage in silence."""
+    from events.publisher import RETRY_POLICY
+
+    conn.ensure_connection(**{**RETRY_POLICY, "max_retries": 3, "interval_max": 1.0})
 
 
 def not_in(url: str, empty: str | None) -> str:

@@ -14,6 +14,7 @@ from .base import (
     main,
     no_tables,
     not_in,
+    reach_broker,
     read_store,
     settings_of,
     shared_broker,
@@ -39,7 +40,7 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
     deadline, if any, stays what it was. Prints the new event's ids and its
     resume_token, which `interlock decide --token` takes."""
     from events.outbox import Outbox, OutboxRelay
-    from events.publisher import RETRY_POLICY, Publisher
+    from events.publisher import Publisher
     from events.snapshot_events import event_for_snapshot
     from interlock.resume import check_resumable
     from schemas import TurnInterrupted
@@ -63,10 +64,7 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
         try:
             # The broker first: one that cannot be reached ends the command before the
             # token is replaced (nothing changed; run it again later).
-            # About two seconds of tries, as `submit` and `decide` wait: no outage.
-            relay.publisher.connection.ensure_connection(
-                **{**RETRY_POLICY, "max_retries": 3, "interval_max": 1.0}
-            )
+            reach_broker(relay.publisher.connection)
             with sql.writer().begin() as conn:
                 if not sql.replace_token_hash_in(conn, snapshot_id, found.resume_token_hash):
                     raise StatusError(

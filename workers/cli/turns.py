@@ -21,6 +21,7 @@ from .base import (
     missing_sqlite_file,
     no_tables,
     not_in,
+    reach_broker,
     read_store,
     settings_of,
     shared_broker,
@@ -539,6 +540,7 @@ def decide(
     )
     try:
         with settings.connection() as conn:
+            reach_broker(conn)
             Publisher(conn, timeout=timeout).publish_decision(decision)
         emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
         if waiter is None:
