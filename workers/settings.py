@@ -198,8 +198,9 @@ def check_broker_url(url: str) -> None:
 
 def _bad_broker(url: str, reason: str) -> str:
     return (
-        f"broker URL {redact_url(url)!r} {reason}: use redis://HOST:6379/0, "
-        "amqp://USER:PASSWORD@HOST:5672// or memory://"
+        f"broker URL {redact_url(url)!r} {reason}: use redis://HOST:6379/0 or "
+        "amqp://USER:PASSWORD@HOST:5672// (memory:// serves one process alone, as "
+        "`interlock demo` without --broker: no command that talks to workers takes it)"
     )
 
 

@@ -366,7 +366,15 @@ def test_waiting_on_or_deciding_through_a_dead_broker_is_one_clear_line(
 @pytest.mark.parametrize(
     ("flag", "url", "words"),
     [
-        ("--broker", "bogus://x", ("broker URL 'bogus://x' names no broker transport",)),
+        (
+            "--broker",
+            "bogus://x",
+            (
+                "broker URL 'bogus://x' names no broker transport",
+                "use redis://HOST:6379/0 or amqp://USER:PASSWORD@HOST:5672// (memory:// "
+                "serves one process alone",
+            ),
+        ),
         ("--broker", "amqp-ish", ("broker URL 'amqp-ish' is not a URL",)),
         ("--store", "notaurl", ("store URL 'notaurl' is not a database URL",)),
         ("--store", "postgresql+nodriver://u:secret@h/db", ("u:***@h/db", "Can't load plugin")),
