@@ -98,6 +98,8 @@ class WorkerBurst:
         self.queue = queue
         self.idle = idle
         self._channel: Any = None
+        self.drained = False
+        """Set once the queue was found drained, as the worker is asked to stop."""
         self._thread = threading.Thread(target=self._watch, name="interlock-burst", daemon=True)
 
     def start(self) -> None:
@@ -144,6 +146,7 @@ class WorkerBurst:
                 if state.should_stop not in (None, False):  # stopping already (exit 1)
                     return
                 log.info("burst: %s is drained; stopping", self.queue)
+                self.drained = True
                 self._drop_channel()
                 os.kill(os.getpid(), signal.SIGTERM)
                 return

@@ -19,6 +19,7 @@ from .app import create_app, runtime_of
 from .burst import BURST_CONNECT_RETRIES, WorkerBurst, burst_idle
 from .heartbeat import WorkerHeartbeat
 from .settings import Settings
+from .worker_report import report_stop
 
 
 def _graceful_ctrl_c() -> None:
@@ -56,11 +57,16 @@ def _declare_topology(**_: Any) -> None:
     log.info("declared Interlock's exchanges and queues")
 
 
+_bursts: list[WorkerBurst] = []
+
+
 def _start_burst(**_: Any) -> None:
     """In burst mode (`interlock worker --burst`), stop once `interlock.turns` is drained."""
     idle = burst_idle()
     if idle is not None:
-        WorkerBurst(runtime_of(app).connection(), TURNS, idle).start()
+        burst = WorkerBurst(runtime_of(app).connection(), TURNS, idle)
+        _bursts.append(burst)
+        burst.start()
         log.info("burst mode: stopping once %s has been drained for %.1f s", TURNS, idle)
 
 
@@ -74,5 +80,6 @@ def _close_runtime(**_: Any) -> None:
 # pools run turns there; a prefork parent has built nothing, and closes nothing).
 worker_process_shutdown.connect(_close_runtime, weak=False)
 worker_shutdown.connect(_close_runtime, weak=False)
+worker_shutdown.connect(lambda **_: report_stop(any(b.drained for b in _bursts)), weak=False)
 worker_ready.connect(_declare_topology, weak=False)
 worker_ready.connect(_start_burst, weak=False)

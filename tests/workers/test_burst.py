@@ -89,6 +89,7 @@ def test_burst_worker_and_consumer_serve_what_is_queued_then_exit(batch: Batch) 
 
     first = run_cli("worker", "--burst", "--pool", "solo", *batch.flags, timeout=120)
     assert first.returncode == 0, first.describe()
+    assert first.json_lines()[-1] == {"worker": "drained", "handled": 2}, first.describe()
     assert batch.waiting() == 0
     paused = batch.read_events(2)
     assert [e["type"] for e in paused] == ["turn.interrupted"] * 2, paused
@@ -119,6 +120,8 @@ def test_burst_worker_and_consumer_serve_what_is_queued_then_exit(batch: Batch) 
             "worker", "--burst", "--pool", "prefork", "-c", "1", *batch.flags, timeout=120
         )
         assert second.returncode == 0, second.describe()
+        assert [line["worker"] for line in second.json_lines()] == ["starting", "drained"]
+        assert second.json_lines()[-1]["handled"] == 2, "counted in the prefork parent"
         assert batch.waiting() == 0
         done = batch.read_events(2)
         assert [e["type"] for e in done] == ["turn.completed"] * 2, done
@@ -308,7 +311,8 @@ def test_a_served_worker_stops_gracefully_on_ctrl_c_with_json_alone_on_stdout(
 ) -> None:
     """A first Ctrl-C is a warm shutdown that exits 0, as SIGTERM's and the resume
     consumer's (Celery's own exits 1); Celery's banner and shutdown lines go to stderr,
-    so that stdout holds the worker's one JSON line, as every command's holds JSON."""
+    so that stdout holds the worker's JSON lines alone, as every command's holds JSON:
+    "starting", and "stopped" with the count of turns it took."""
     err = tmp_path / "worker.err"
     with open(tmp_path / "worker.out", "wb") as out, open(err, "wb") as errors:
         proc = subprocess.Popen(
@@ -330,9 +334,10 @@ def test_a_served_worker_stops_gracefully_on_ctrl_c_with_json_alone_on_stdout(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    [line] = (tmp_path / "worker.out").read_text().splitlines()
-    said = json.loads(line)
+    first, last = (tmp_path / "worker.out").read_text().splitlines()
+    said = json.loads(first)
     assert (said["worker"], said["pool"], said["concurrency"]) == ("starting", "solo", 1)
+    assert json.loads(last) == {"worker": "stopped", "handled": 0}
     logged = err.read_text()
     assert "celery@" in logged or "[config]" in logged, "the banner went to stderr"
     assert "Warm shutdown" in logged

@@ -135,6 +135,7 @@ def worker(
     empty (and the worker idle) for --idle seconds: for tests and batch jobs."""
     from ..burst import BURST_ENV
     from ..loader import load_registry
+    from ..worker_report import REPORT_FD_ENV
 
     settings = shared_store(shared_broker(settings_of(app, broker, store, heartbeat_file)))
     load_registry(settings.app)  # fail here, clearly, rather than inside Celery
@@ -155,7 +156,10 @@ def worker(
     )
     sys.stdout.flush()
     # Celery prints its banner and shutdown lines on stdout: they go with its log, so
-    # that stdout holds JSON lines only, as for every command.
+    # that stdout holds JSON lines only, as for every command; the worker's last line
+    # goes to a copy of stdout kept for it.
+    report = os.dup(sys.stdout.fileno())
+    os.set_inheritable(report, True)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     argv = [
         sys.executable,
@@ -179,6 +183,7 @@ def worker(
     ]
     env = {**os.environ, **settings.to_env()}
     env.pop(BURST_ENV, None)
+    env[REPORT_FD_ENV] = str(report)
     if burst:
         env[BURST_ENV] = str(idle)
     os.execve(sys.executable, argv, env)
