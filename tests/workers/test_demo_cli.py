@@ -266,6 +266,14 @@ def test_decide_with_a_wrong_token_is_refused_before_anything_is_sent(
     history = run_cli("audit", paused.session_id, "--store", stack.store_url)
     decisions = [e for e in history.json_lines() if "decision_id" in e]
     assert {e["decision_id"] for e in decisions} == {out["decision_id"]}, history.describe()
+    # Answered: still PERMISSION_DENIED to a wrong token (the consumer's order), but no
+    # resend is offered, since an answered pause gets no new token either.
+    late = run_cli("decide", paused.snapshot_id, "--token", "guessed", "--approve", *where)
+    assert late.returncode == 1, late.describe()
+    assert late.stderr.strip().splitlines()[-1] == (
+        f"error: PERMISSION_DENIED: resume_token does not match snapshot "
+        f"{paused.snapshot_id}; nothing was sent"
+    ), late.describe()
 
 
 def test_decide_with_an_empty_reviewer_sends_none(stack: QueueStack, dash: Dashboard) -> None:

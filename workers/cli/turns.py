@@ -466,6 +466,10 @@ def decide(
     try:
         check_token(snap, resume_token)
     except StatusError as exc:
+        try:
+            check_resumable(snap)
+        except StatusError:  # answered or expired: no new token can be issued either
+            raise StatusError(exc.status, f"{exc.message}; nothing was sent") from None
         flags, hidden = repeated_flags(settings, ("--broker", "--store"))
         note = " (put the password back where *** stands)" if hidden else ""
         raise StatusError(
