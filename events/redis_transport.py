@@ -492,9 +492,10 @@ class Channel(kombu_redis.Channel):
 
 def envelope(item: bytes | str, queue: str, channel: Any) -> dict[str, Any]:
     """The kombu message that the queue item `item` holds. An item that is no kombu
-    message is made into one: a JSON object without kombu's envelope (no `properties`
-    and no `body`) becomes its JSON body; anything else keeps its exact bytes as the body,
-    with what is wrong in the `UNREADABLE` header. Made messages are acked and restored
+    message is made into one: a JSON object without kombu's envelope (no `properties`,
+    and no `body` unless it has a `schema_version`: `_is_envelope`) becomes its JSON
+    body; anything else keeps its exact bytes as the body, with what is wrong in the
+    `UNREADABLE` header. Made messages are acked and restored
     like any other. The record `redis_pop` keeps of such an item until its message is
     made (`QUEUE_ITEM`), restored after a reader stopped, is read as the item itself."""
     raw = item if isinstance(item, bytes) else item.encode("utf-8", errors="surrogatepass")
@@ -512,10 +513,10 @@ def envelope(item: bytes | str, queue: str, channel: Any) -> dict[str, Any]:
 
 def _envelope(raw: bytes, queue: str, channel: Any) -> dict[str, Any]:
     try:
-        payload = loads(bytes_to_str(raw))
+        payload = loads(raw.decode("utf-8"))  # strict: kombu's own decode replaces bytes
     except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
         return _made(raw, queue, f"the queue item is not JSON: {exc}")
-    if isinstance(payload, dict) and "properties" not in payload and "body" not in payload:
+    if isinstance(payload, dict) and not _is_envelope(payload):
         return _made(raw, queue, None)  # a bare JSON message, as another client may push
     wrong = _unsound(payload, channel)
     if wrong is not None:
@@ -526,6 +527,14 @@ def _envelope(raw: bytes, queue: str, channel: Any) -> dict[str, Any]:
         # as kombu's default exchange has it: what acks, rejects and restores need
         message["properties"]["delivery_info"] = {**info, "exchange": "", "routing_key": queue}
     return message
+
+
+def _is_envelope(payload: dict[str, Any]) -> bool:
+    """Whether the JSON object `payload` is meant as a kombu envelope: it has kombu's
+    `properties`, or a `body` without the `schema_version` every Interlock message
+    carries (an envelope that lost its properties, said so). A message of ours with a
+    `body` field of its own (a reviewer's comment, say) is the message itself."""
+    return "properties" in payload or ("body" in payload and "schema_version" not in payload)
 
 
 def _unsound(payload: Any, channel: Any) -> str | None:

@@ -118,7 +118,7 @@ ITEMS = {
     b'"content-encoding": "utf-8", '
     b'"properties": {"delivery_tag": "ni", "body_encoding": "base64"}}',
 }
-UNREADABLE_KINDS = ("junk", "tab", "hex")
+UNREADABLE_KINDS = ("junk", "tab", "hex", "latin")  # "latin": JSON text is UTF-8
 
 
 @pytest.mark.parametrize("kind", list(ITEMS))
@@ -157,8 +157,6 @@ def test_a_consumer_dying_with_a_message_in_hand_loses_nothing(
         if kind in UNREADABLE_KINDS:
             assert message.body == item
             assert "the queue item is not JSON" in message.headers[UNREADABLE]
-        elif kind == "latin":  # kombu's reader replaces the byte, and reads an envelope
-            assert message.body == b"e30=" and message.delivery_tag == "\ufffd"
         else:
             assert message.payload == {"n": 1}
             assert UNREADABLE not in message.headers

@@ -511,11 +511,21 @@ def test_envelope_tells_what_is_wrong(redis_url: str) -> None:
             b'{"body": "x", "headers": [1], "properties": {"delivery_tag": "t"}}': (
                 "headers are not an object"
             ),
+            b'{"body": "e30="}': "no properties with a delivery_tag",  # lost its properties
+            b'{"schema_version": 1, "x": "\xff"}': (  # not UTF-8: no JSON text
+                "the queue item is not JSON: 'utf-8' codec can't decode byte 0xff"
+            ),
         }
         for item, wrong in cases.items():
             made = envelope(item, "q", channel)
             assert wrong in made["headers"][UNREADABLE], item
             assert made["properties"]["delivery_info"] == {"exchange": "", "routing_key": "q"}
+        # a message of ours (it names its schema_version) with a `body` field of its own
+        # is the message itself, not a broken envelope
+        bare = b'{"schema_version": 1, "decision_id": "d", "body": "a comment"}'
+        made = envelope(bare, "q", channel)
+        assert made["headers"] == {} and made["content-type"] == "application/json"
+        assert base64.b64decode(made["body"]) == bare
         # what kombu reads passes as it is: a client's numeric delivery tag included;
         # a missing delivery_info is kombu's default exchange's, which acks need
         numbered: dict[str, Any] = {

@@ -468,8 +468,9 @@ def _broken_envelope(body: str) -> bytes:
         (b"[1, 2]", "a JSON list, not a kombu message"),
         (_broken_envelope("!!!not base64"), "body cannot be decoded as 'base64'"),
         (b'{"body": "x", "properties": "p"}', "no properties with a delivery_tag"),
+        (b'{"schema_version": 1, "reviewer": "\xff"}', "the queue item is not JSON: 'utf-8'"),
     ],
-    ids=["bytes", "text", "array", "bad-base64", "bad-properties"],
+    ids=["bytes", "text", "array", "bad-base64", "bad-properties", "not-utf8"],
 )
 def test_a_queue_item_that_is_no_message_is_rejected_and_kept(
     dash: Dashboard, stack: QueueStack, item: bytes, reason: str
@@ -502,9 +503,9 @@ def test_a_queue_item_that_is_no_message_is_rejected_and_kept(
 def test_an_item_that_is_no_message_but_names_its_decision_is_rejected_under_that_id(
     dash: Dashboard, stack: QueueStack
 ) -> None:
-    """A bare decision that happens to carry top-level `body` and `properties` fields
-    looks like a broken kombu envelope: refused as such, but under its decision_id (and
-    with its snapshot_id), so that its sender can match the rejection."""
+    """A bare decision that happens to carry a top-level `properties` field looks like
+    a broken kombu envelope: refused as such, but under its decision_id (and with its
+    snapshot_id), so that its sender can match the rejection."""
     paused = dash.paused("Transfer $25 to odd-fields")
     body = {
         **decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused)),
@@ -521,11 +522,18 @@ def test_an_item_that_is_no_message_but_names_its_decision_is_rejected_under_tha
     still_answerable(dash, paused)
 
 
-def test_a_bare_decision_pushed_onto_the_list_is_read(dash: Dashboard, stack: QueueStack) -> None:
+@pytest.mark.parametrize("extra", [{}, {"body": "looks right to me"}], ids=["plain", "body"])
+def test_a_bare_decision_pushed_onto_the_list_is_read(
+    dash: Dashboard, stack: QueueStack, extra: dict[str, Any]
+) -> None:
     """A decision's JSON pushed onto the Redis list as it is, with no kombu envelope
-    (the simplest client in another language): read as the decision it is."""
+    (the simplest client in another language): read as the decision it is, also with a
+    `body` field of its own (it names its schema_version: no envelope)."""
     paused = dash.paused("Transfer $24 to bare-push")
-    body = decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused))
+    body = {
+        **decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused)),
+        **extra,
+    }
     push_item(stack, json.dumps(body))
     accepted = dash.outcome(body["decision_id"])
     assert accepted.type == "decision.accepted", accepted.model_dump_json()
