@@ -130,6 +130,53 @@ def test_burst_worker_and_consumer_serve_what_is_queued_then_exit(batch: Batch) 
         store.dispose()
 
 
+@pytest.mark.parametrize("events_on", [True, False], ids=["-E", "default"])
+def test_task_events_go_out_only_with_dash_e(batch: Batch, events_on: bool) -> None:
+    """`interlock worker -E` sends Celery's task events, as `celery worker -E` does, and
+    a monitor reads them as Flower does (Celery's event receiver; on Redis they go out
+    on a pub/sub channel, read only while the monitor listens); without it, none."""
+    import threading
+
+    from workers.app import create_app
+    from workers.settings import Settings
+
+    sent = run_cli("submit", *batch.flags, "--agent", "bankingAgent", "--text", "Transfer $7 to x")
+    assert sent.returncode == 0, sent.describe()
+    [turn] = sent.json_lines()
+    monitor = create_app(Settings(broker_url=batch.server.url))
+    seen: list[dict[str, Any]] = []
+    listening = threading.Event()
+    with monitor.connection_for_read() as conn:
+        receiver = monitor.events.Receiver(conn, handlers={"*": seen.append})
+        subscribed = receiver.on_consume_ready
+
+        def ready(*args: Any, **kwargs: Any) -> None:
+            subscribed(*args, **kwargs)
+            listening.set()
+
+        receiver.on_consume_ready = ready
+        thread = threading.Thread(target=receiver.capture, kwargs={"wakeup": False}, daemon=True)
+        thread.start()
+        assert listening.wait(10)
+        time.sleep(0.5)  # its first poll subscribes; the worker takes seconds to start
+        flags = ["-E"] if events_on else []
+        ran = run_cli("worker", "--burst", "--pool", "solo", *flags, *batch.flags, timeout=120)
+        receiver.should_stop = True
+        thread.join(10)
+    assert ran.returncode == 0, ran.describe()
+    assert ran.json_lines()[0]["task_events"] is events_on
+    assert [e["type"] for e in batch.read_events(1)] == ["turn.interrupted"]
+    kinds = [e["type"] for e in seen if e["type"].startswith("task-")]
+    if not events_on:
+        assert kinds == [], "no task event without -E"
+        assert any(e["type"].startswith("worker-") for e in seen), "the monitor listened"
+        return
+    assert {"task-received", "task-started", "task-succeeded"} <= set(kinds), kinds
+    [received] = [e for e in seen if e["type"] == "task-received"]
+    assert received["name"] == "interlock.run_turn"
+    assert turn["turn_id"] in received["args"], "the turn's summary, as the log shows it"
+
+
 # ------------------------------------------------------------ no broker
 
 

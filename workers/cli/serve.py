@@ -115,6 +115,13 @@ _CONSUMER_EPILOG = (
     help="File touched every 5 s from the worker's own loop while it serves (for health "
     "checks: `interlock health --heartbeat-file`). [env: INTERLOCK_HEARTBEAT_FILE]",
 )
+@click.option(
+    "--task-events",
+    "-E",
+    is_flag=True,
+    help="Send Celery's task events (task-received, task-succeeded, ...) for monitors such "
+    "as Flower, as `celery worker -E` does. Off by default: they cost a publish per step.",
+)
 @burst_option
 @idle_option
 @clear_errors
@@ -126,6 +133,7 @@ def worker(
     pool: str,
     loglevel: str,
     heartbeat_file: str | None,
+    task_events: bool,
     burst: bool,
     idle: float,
 ) -> None:
@@ -151,6 +159,7 @@ def worker(
             "store": redact_url(settings.store_url),
             "concurrency": 1 if pool == "solo" else concurrency,  # solo runs one at a time
             "pool": pool,
+            "task_events": task_events,
             "burst": burst,
         }
     )
@@ -171,7 +180,7 @@ def worker(
         "-Q",
         "interlock.turns",
         "-c",
-        str(concurrency),
+        str(1 if pool == "solo" else concurrency),  # solo runs one at a time
         "-P",
         pool,
         "-l",
@@ -180,6 +189,7 @@ def worker(
         f"interlock-{uuid.uuid4().hex[:8]}@%h",
         "--without-gossip",
         "--without-mingle",
+        *(["-E"] if task_events else []),
     ]
     env = {**os.environ, **settings.to_env()}
     env.pop(BURST_ENV, None)
