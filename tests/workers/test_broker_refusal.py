@@ -61,11 +61,11 @@ def test_a_wrong_rabbitmq_password_or_vhost(tmp_path: Path) -> None:
         wrong = url.replace("guest:guest@", "guest:wrong@", 1)
         for args in COMMANDS:
             said = refused(args, wrong, store)
-            assert LOGIN in said and "ACCESS_REFUSED - Login was refused" in said, said
+            assert LOGIN + "(403) ACCESS_REFUSED - Login was refused" in said, said
     unknown = f"amqp://guest:guest@127.0.0.1:5672/no_such_vhost_{uuid.uuid4().hex[:8]}"
     for args in (COMMANDS[0], COMMANDS[1], COMMANDS[3]):
         said = refused(args, unknown, store)
-        assert ACCESS in said and "NOT_ALLOWED - vhost no_such_vhost_" in said, said
+        assert ACCESS in said and "(530) NOT_ALLOWED - vhost no_such_vhost_" in said, said
 
 
 def test_health_says_which_refusal(wrong_password: str, tmp_path: Path) -> None:

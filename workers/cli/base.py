@@ -103,6 +103,10 @@ def error_line(exc: Exception) -> tuple[Status, str] | None:
     return None if reason is None else (Status.UNAVAILABLE, reason)
 
 
+_AMQP_METHOD = re.compile(r"^\(\d+, \d+\): ")
+"""py-amqp's prefix of an error: the class and method ids of the AMQP method refused."""
+
+
 def broker_refusal(exc: BaseException) -> tuple[Status, str] | None:
     """The status and line of a broker that answered and refused us (a wrong user or
     password, a vhost that does not exist or that the user may not use), found along
@@ -115,7 +119,7 @@ def broker_refusal(exc: BaseException) -> tuple[Status, str] | None:
     for _ in range(8):  # causes and contexts: kombu wraps some errors, not all
         if seen is None:
             return None
-        said = one_line(seen)
+        said = _AMQP_METHOD.sub("", one_line(seen))  # "(0, 0): " names no AMQP method
         if isinstance(seen, AuthenticationError) or (
             isinstance(seen, AccessRefused) and "login" in said.lower()
         ):
