@@ -93,6 +93,13 @@ class ResumeConsumer(ConsumerMixin):
         bound_decompression(MAX_DECISION_BYTES)
 
     def get_consumers(self, consumer_cls: Callable[..., Consumer], channel: Any) -> list[Consumer]:
+        # Declared before any event is published, so a dashboard can bind its own
+        # queue to `interlock.events` (or read `interlock.interrupted`) from the start;
+        # and before consuming, so that no decision is handled before it is said.
+        try:
+            declare(channel.connection.client)
+        except TopologyConflict as exc:  # kombu would reconnect and refuse it for ever
+            raise StatusError(Status.FAILED_PRECONDITION, str(exc)) from exc
         return [
             consumer_cls(
                 queues=[DECISIONS], on_message=self.on_message, prefetch_count=1, no_ack=False
@@ -131,12 +138,6 @@ class ResumeConsumer(ConsumerMixin):
     def on_consume_ready(
         self, connection: Connection, channel: Any, consumers: list[Consumer], **kw: Any
     ) -> None:
-        # Declared before any event is published, so a dashboard can bind its own
-        # queue to `interlock.events` (or read `interlock.interrupted`) from the start.
-        try:
-            declare(connection)
-        except TopologyConflict as exc:  # kombu would reconnect and refuse it for ever
-            raise StatusError(Status.FAILED_PRECONDITION, str(exc)) from exc
         log.info("declared Interlock's exchanges and queues; consuming %s", DECISIONS.name)
 
     def on_iteration(self) -> None:

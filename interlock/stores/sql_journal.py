@@ -317,6 +317,8 @@ class TurnEnding:
     finish_reason: str | None = None
     error: Any = None
     """The failure's `{"status", "message"}`, for a failed, aborted or refused turn."""
+    resumed_by: str | None = None
+    """For a paused turn: the decision that has claimed its pause since (answered)."""
 
 
 _ENDED_CHUNK = 500
@@ -331,18 +333,23 @@ def ended_turns(store: SqlSessionStore, turn_ids: Iterable[str]) -> dict[str, Tu
     found: dict[str, TurnEnding] = {}
     journal = inspect(store.engine).has_table(_JOURNAL.name)
     snaps = select(
-        _SNAP.c.turn_id, _SNAP.c.snapshot_id, _SNAP.c.status, _SNAP.c.finish_reason, _SNAP.c.error
+        _SNAP.c.turn_id,
+        _SNAP.c.snapshot_id,
+        _SNAP.c.status,
+        _SNAP.c.finish_reason,
+        _SNAP.c.error,
+        _SNAP.c.resumed_by,
     ).order_by(_SNAP.c.seq)
     refusals = select(_JOURNAL.c.turn_id, _JOURNAL.c.body).where(_JOURNAL.c.key == REFUSED)
     with store.engine.connect() as conn:
         for start in range(0, len(wanted), _ENDED_CHUNK):
             chunk = wanted[start : start + _ENDED_CHUNK]
-            for turn, sid, status, reason, error in conn.execute(
+            for turn, sid, status, reason, error, by in conn.execute(
                 snaps.where(_SNAP.c.turn_id.in_(chunk))
             ):
                 if turn not in found:  # the first snapshot of the turn
                     failure = json.loads(error) if error else None
-                    found[turn] = TurnEnding(str(sid), str(status), reason, failure)
+                    found[turn] = TurnEnding(str(sid), str(status), reason, failure, by)
             if not journal:
                 continue
             for turn, body in conn.execute(refusals.where(_JOURNAL.c.turn_id.in_(chunk))):

@@ -497,9 +497,10 @@ def test_a_file_sent_again_with_wait_says_at_once_which_turns_had_ended(
             f"{sid} --broker {batch.server.url} --store {batch.store_url}` announces it "
             "again with a new resume_token"
         ) in second.stderr, second.describe()
-        assert "2 of 3 turns had ended before they were sent again: each runs once" in (
-            second.stderr
-        )
+        assert (
+            "2 of 3 turns had ended before they were sent again (1 completed, 1 paused): "
+            "each runs once"
+        ) in second.stderr, second.describe()
         assert "waiting for 1 turns to end" in second.stderr, second.describe()
         events = [e for e in second.json_lines() if "type" in e]
         assert [(e["type"], e["turn_id"]) for e in events] == [("turn.failed", "again-3")]
@@ -527,6 +528,22 @@ def test_a_file_sent_again_with_wait_says_at_once_which_turns_had_ended(
         assert "error: FAILED_PRECONDITION: 1 of 3 turns failed" in fourth.stderr
         worker.wait_for(f"again-transfer-2 already ended (paused, snapshot {sid})")
         worker.wait_for("again-3 already ended (refused)")
+        # The pause answered since (claimed by a decision): no resend is offered for it.
+        store = SqlSessionStore(batch.store_url)
+        try:
+            assert store.claim(sid, "decision-7")
+        finally:
+            store.dispose()
+        fifth = run_cli(*args, "--file", str(tmp_path / "second.txt"))
+        assert (
+            f"turn again-transfer-2 had ended before: paused, and answered since by decision "
+            f"decision-7 (snapshot {sid})\n"
+        ) in fifth.stderr, fifth.describe()
+        assert "resend" not in fifth.stderr, fifth.describe()
+        assert (
+            "3 of 3 turns had ended before they were sent again (1 completed, 1 paused and "
+            "answered, 1 refused)"
+        ) in fifth.stderr, fifth.describe()
         assert len(batch.read_events(9, timeout=5)) == 4, "each turn announced once"
     finally:
         worker.stop()
@@ -778,3 +795,30 @@ def test_a_served_process_says_at_start_that_it_cannot_use_its_store(
     burst = run_cli(command, "--burst", *flags, timeout=120)
     assert burst.returncode == 1, burst.describe()
     assert "error: UNAVAILABLE: cannot reach the store: " in burst.stderr, burst.describe()
+
+
+def test_the_consumer_says_it_consumes_before_it_handles_a_queued_decision(
+    tmp_path: Path,
+) -> None:
+    """On RabbitMQ, the queues' declaration used to come after the consumer had started:
+    decisions queued before were handled while it waited for the broker's answers, and
+    logged before the line that says it consumes. It declares them first now."""
+    from tests.queue_helpers import rabbitmq_vhost
+
+    with rabbitmq_vhost() as url:
+        with Connection(url) as conn:
+            declare(conn)
+            Producer(conn).publish(
+                b"not json", routing_key="interlock.decisions", content_type="application/json"
+            )
+        store = f"sqlite:///{tmp_path / 'store.db'}"
+        ran = run_cli(
+            "resume-consumer", "--burst", "--app", APP, "--broker", url, "--store", store,
+            timeout=120,
+        )  # fmt: skip
+    assert ran.returncode == 0, ran.describe()
+    assert ran.json_lines()[-1] == {"resume_consumer": "drained", "handled": 1}
+    lines = ran.stderr.splitlines()
+    consuming = next(i for i, line in enumerate(lines) if "; consuming interlock.decisions" in line)
+    kept = next(i for i, line in enumerate(lines) if "kept an unreadable decision" in line)
+    assert consuming < kept, ran.describe()

@@ -320,6 +320,8 @@ def test_wait_deletes_its_queue_and_binding_on_an_error_or_a_signal(
     _, err = finish(proc)
     assert proc.returncode == code, err
     assert err.splitlines()[-1].startswith(said), err
+    if how != "timeout":  # the turn went out: a stop of the wait says so
+        assert " stopped; the turn was sent and goes on: `interlock pending --store " in err
     if how == "timeout":  # a turn needs a worker; the resume consumer is no help
         assert err.splitlines()[-1].endswith(
             "within 1s: is `interlock worker` running on this broker and store?"

@@ -6,6 +6,7 @@ import contextlib
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -97,11 +98,19 @@ class Waiter:
     def turn_event(self, turn_id: str) -> Any:
         """The event that ends turn `turn_id`; a failed turn exits with an error."""
         ends = ("turn.interrupted", "turn.completed", "turn.failed")
-        event = self.next(
-            f"turn {turn_id}",
-            lambda e: e.type in ends and getattr(e, "turn_id", None) == turn_id,
-            hint=NO_WORKER_HINT,
-        )
+        try:
+            event = self.next(
+                f"turn {turn_id}",
+                lambda e: e.type in ends and getattr(e, "turn_id", None) == turn_id,
+                hint=NO_WORKER_HINT,
+            )
+        except (KeyboardInterrupt, Terminated):  # a stop says that the turn goes on
+            click.echo(
+                f"the wait for turn {turn_id} stopped; the turn was sent and goes on: "
+                f"{pending_hint(self.settings)} lists it if it pauses",
+                err=True,
+            )
+            raise
         if event.type == "turn.failed":
             raise StatusError(event.error.status, f"turn failed: {event.error.message}")
         if event.type == "turn.interrupted":
@@ -232,12 +241,25 @@ def _said_ended(
             click.echo(f"turn {turn_id} had ended before: {how}", err=True)
     if before:
         more = f" ({len(before) - _SHOWN} more not shown)" if len(before) > _SHOWN else ""
+        tally = Counter(_kind(ending) for ending in before.values())
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(tally.items()))
         click.echo(
-            f"{len(before)} of {total} turns had ended before they were sent again{more}: "
-            "each runs once, and is not announced again",
+            f"{len(before)} of {total} turns had ended before they were sent again ({kinds})"
+            f"{more}: each runs once, and is not announced again",
             err=True,
         )
     return failed
+
+
+def _kind(ending: TurnEnding) -> str:
+    """A word for how a turn ended, for the count of `_said_ended`."""
+    if ending.snapshot_id is None:
+        return "refused"
+    if ending.finish_reason == "interrupted":
+        if ending.status == "expired":
+            return "paused and expired"
+        return "paused and answered" if ending.resumed_by is not None else "paused"
+    return ending.status
 
 
 def _failure(ending: TurnEnding) -> tuple[Status, str] | None:
@@ -259,6 +281,8 @@ def _how(ending: TurnEnding, failure: tuple[Status, str] | None, settings: Setti
         return f"{word}, {failure[0].name}: {failure[1]}{at}"
     if ending.status == "expired":
         return f"paused, and the pause has expired{at}"
+    if ending.finish_reason == "interrupted" and ending.resumed_by is not None:
+        return f"paused, and answered since by decision {ending.resumed_by}{at}"
     if ending.finish_reason == "interrupted":
         flags, _ = repeated_flags(settings, ("--broker", "--store"))
         return (
