@@ -13,6 +13,8 @@ from pydantic import ValidationError
 from events.tokens import token_matches
 from interlock import (
     AgentInput,
+    InMemorySessionStore,
+    Interlock,
     Part,
     SnapshotNotFoundError,
     Status,
@@ -22,6 +24,7 @@ from interlock import (
     respond,
 )
 from interlock.resume import check_resumable, pending_interrupts
+from interlock.stores.base import SessionStore
 from interlock.tools import brief
 from schemas import (
     MAX_DECISION_BYTES,
@@ -39,6 +42,7 @@ from .runtime import Runtime
 __all__ = [
     "RESUME_PREFIX",
     "ParseFailure",
+    "check_decision",
     "check_token",
     "evaluate",
     "lenient_failure",
@@ -326,12 +330,24 @@ def evaluate(rt: Runtime, decision: Decision, snapshot: Snapshot | None) -> Turn
     claim (rule 6) is the caller's, in the transaction that records the outcome."""
     if snapshot is None:
         raise SnapshotNotFoundError(f"snapshot {decision.snapshot_id} not found")
+    resume = check_decision(rt.registry, decision, snapshot, rt.store)
+    return _request(decision, snapshot, resume)
+
+
+def check_decision(
+    registry: Interlock, decision: Decision, snapshot: Snapshot, store: SessionStore | None = None
+) -> ToolResume:
+    """Rules 3-5 (token, status, parts) of `decision` against `snapshot`, with the
+    agents and tools of `registry`; returns the resume the decision makes. It writes
+    nothing, and reads nothing but `snapshot` (`store`, default an empty one, serves
+    any other read): `interlock decide` checks a decision so before it sends it."""
     check_token(snapshot, decision.resume_token)
     check_resumable(snapshot, claimed_by=decision.decision_id)
-    agent = rt.agent(snapshot.agent).with_store(Preloaded(rt.store, snapshot))
+    base = store if store is not None else InMemorySessionStore()
+    agent = registry.lookup_agent(snapshot.agent).with_store(Preloaded(base, snapshot))
     resume = to_tool_resume(decision, snapshot)
     agent.validate_resume(resume, snapshot_id=snapshot.snapshot_id, claimed_by=decision.decision_id)
-    return _request(decision, snapshot, resume)
+    return resume
 
 
 def check_token(snapshot: Snapshot, token: str | None) -> None:

@@ -276,6 +276,42 @@ def test_decide_with_a_wrong_token_is_refused_before_anything_is_sent(
     ), late.describe()
 
 
+def test_decide_with_the_app_checks_the_answer_before_sending_it(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    """Given --app (or INTERLOCK_APP), decide checks a decision as the consumer does,
+    with the tools' types: an output of the wrong shape is INVALID_ARGUMENT, exit 1,
+    nothing sent. Without it, the same decision goes out and only the consumer refuses
+    it. A module that cannot be imported says that decide needs none."""
+    paused = dash.paused("Transfer $44 to checked")
+    where = ["--store", stack.store_url, "--broker", stack.broker_url]
+    answer = [paused.snapshot_id, "--token", paused.resume_token, "--respond", '{"nope": 1}']
+    checked = run_cli("decide", *answer, "--app", APP, *where)
+    assert checked.returncode == 1, checked.describe()
+    assert checked.stdout == "", "no decision id: nothing was published"
+    assert checked.stderr.strip().splitlines()[-1] == (
+        "error: INVALID_ARGUMENT: invalid output for tool 'transferMoney': success: Field "
+        "required; nothing was sent"
+    ), checked.describe()
+    missing = run_cli("decide", *answer, "--app", "no_such_module_here", *where)
+    assert missing.returncode == 1, missing.describe()
+    assert "cannot import app module 'no_such_module_here'" in missing.stderr
+    assert "decide needs no app: without --app and INTERLOCK_APP" in missing.stderr
+    unchecked = run_cli("decide", *answer, *where)
+    assert unchecked.returncode == 0, unchecked.describe()
+    [out] = unchecked.json_lines()
+    rejected = dash.outcome(out["decision_id"])
+    assert rejected.type == "decision.rejected", rejected.model_dump_json()
+    assert "invalid output for tool 'transferMoney'" in rejected.error.message  # type: ignore[attr-defined]
+    right = run_cli(
+        "decide", paused.snapshot_id, "--token", paused.resume_token, "--approve",
+        *where, env=child_env(INTERLOCK_APP=APP),
+    )  # fmt: skip
+    assert right.returncode == 0, right.describe()
+    [sent] = right.json_lines()
+    assert dash.outcome(sent["decision_id"]).type == "decision.accepted"
+
+
 def test_decide_with_an_empty_reviewer_sends_none(stack: QueueStack, dash: Dashboard) -> None:
     paused = dash.paused("Transfer $43 to savings")
     decided = run_cli(

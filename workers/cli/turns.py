@@ -358,9 +358,15 @@ def _pending_row(snap: Snapshot) -> dict[str, Any]:
 
 @main.command(short_help="Answer a paused turn: approve, deny or respond.")
 @click.argument("snapshot_id")
+@click.option(
+    "--app",
+    envvar="INTERLOCK_APP",
+    help="Module defining the registry, MODULE:OBJ. Optional: given, the decision is "
+    "checked as the resume consumer checks it (resume data and outputs against the tool's "
+    "types) before it is sent. [env: INTERLOCK_APP]",
+)
 @broker_option
 @store_option
-@unused("--app")
 @click.option(
     "--token",
     "resume_token",
@@ -408,6 +414,7 @@ def _pending_row(snap: Snapshot) -> dict[str, Any]:
 @terminable
 def decide(
     snapshot_id: str,
+    app: str | None,
     broker: str | None,
     store: str | None,
     resume_token: str,
@@ -433,7 +440,7 @@ def decide(
     from interlock.resume import check_resumable, pending_interrupts
     from schemas import Decision, RespondEntry, RestartEntry
 
-    from ..decisions import check_token, resume_turn_id
+    from ..decisions import check_decision, check_token, resume_turn_id
 
     if [approve, deny, respond_json is not None].count(True) != 1:
         raise click.UsageError("give exactly one of --approve, --deny, --respond JSON")
@@ -444,7 +451,7 @@ def decide(
             output = json.loads(respond_json)
         except ValueError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--respond") from None
-    settings = shared_broker(settings_of(broker=broker, store=store))
+    settings = shared_broker(settings_of(app, broker, store))
     sql = read_store(settings.store_url)
 
     def read() -> tuple[str | None, Snapshot | None]:
@@ -535,6 +542,21 @@ def decide(
         respond=respond_entries,
         restart=restart_entries,
     )
+    if settings.app:  # every check of the consumer but the claim, before anything is sent
+        from ..loader import load_registry
+
+        try:
+            registry = load_registry(settings.app)
+        except StatusError as exc:
+            raise StatusError(
+                exc.status,
+                f"{exc.message}; nothing was sent (decide needs no app: without --app and "
+                "INTERLOCK_APP, the resume consumer alone checks the decision)",
+            ) from None
+        try:
+            check_decision(registry, decision, snap)
+        except StatusError as exc:
+            raise StatusError(exc.status, f"{exc.message}; nothing was sent") from None
     resumed_turn = resume_turn_id(decision_id)
     ends = ("turn.interrupted", "turn.completed", "turn.failed")
     waiter = (
