@@ -10,6 +10,7 @@ import uuid
 
 import click
 
+from events.outbox import RETENTION
 from interlock import Status, StatusError
 
 from ..settings import Settings, redact_url
@@ -61,7 +62,7 @@ _DEFAULTS = Settings()
 
 
 def _seconds(value: float) -> str:
-    return "a week" if value == 7 * 24 * 3600 else f"{value:g} s"
+    return "a week" if value == RETENTION else f"{value:g} s"
 
 
 _ENV_SHARED = (
