@@ -43,6 +43,7 @@ from .decisions import (
     parse_decision,
     resume_request,
 )
+from .heartbeat import touch
 from .turns import log_failure, retried
 
 __all__ = ["EnqueueError", "ResumeConsumer", "StopRequested"]
@@ -84,6 +85,7 @@ class ResumeConsumer(ConsumerMixin):
         # gone (killed mid-decision), not after the visibility timeout.
         self.connection: Connection = self.rt.settings.connection(restore_held=True)
         self.heartbeat = Path(heartbeat_file) if heartbeat_file else None
+        self._beat_failed: str | None = None  # said once, not on every turn of the loop
         self.handled = 0
         self.failing = 0  # decisions requeued in a row because the store or broker failed
         self._repeated = False  # the decision in hand was decided before: `_repeat`
@@ -141,8 +143,17 @@ class ResumeConsumer(ConsumerMixin):
         log.info("declared Interlock's exchanges and queues; consuming %s", DECISIONS.name)
 
     def on_iteration(self) -> None:
-        if self.heartbeat is not None:
-            self.heartbeat.touch()
+        """Touch the heartbeat file. One that cannot be touched is said in the log (once,
+        then again when it can be), and decisions go on being handled: a health check
+        reports the stale file."""
+        if self.heartbeat is None:
+            return
+        failed = touch(self.heartbeat)
+        if failed is not None and failed != self._beat_failed:
+            log.warning("%s; decisions go on being handled", failed)
+        elif failed is None and self._beat_failed is not None:
+            log.info("touching the heartbeat file %s again", self.heartbeat)
+        self._beat_failed = failed
 
     def on_decode_error(self, message: KombuMessage, exc: Exception) -> None:
         """kombu could not build the message's body: its `compression` header names an

@@ -10,13 +10,23 @@ from typing import Any, ClassVar
 
 from celery import bootsteps
 
-__all__ = ["EVERY", "WorkerHeartbeat"]
+__all__ = ["EVERY", "WorkerHeartbeat", "touch"]
 
 EVERY = 5.0
 """Seconds between two touches (`interlock health --max-age`, 30 s by default, allows
 for a few missed)."""
 
 log = logging.getLogger("interlock.worker")
+
+
+def touch(path: Path) -> str | None:
+    """Touch `path`; None when done, else why not (a missing folder, a read-only disk):
+    a process that serves says so in its log and goes on, a health check tells."""
+    try:
+        path.touch()
+    except OSError as exc:
+        return f"cannot touch the heartbeat file {path}: {exc.strerror or exc}"
+    return None
 
 
 class WorkerHeartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -33,6 +43,7 @@ class WorkerHeartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
         found = Settings.from_env().heartbeat_file
         self.path = Path(found) if found else None
         self._timer: Any = None
+        self._failed: str | None = None  # said once, then again once it can be touched
 
     def start(self, parent: Any) -> None:
         if self.path is None:
@@ -48,7 +59,9 @@ class WorkerHeartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def _touch(self) -> None:
         assert self.path is not None
-        try:
-            self.path.touch()
-        except OSError as exc:  # a health check will say so; the worker goes on
-            log.warning("cannot touch the heartbeat file %s: %s", self.path, exc)
+        failed = touch(self.path)
+        if failed is not None and failed != self._failed:  # a health check will say so
+            log.warning("%s; the worker goes on serving", failed)
+        elif failed is None and self._failed is not None:
+            log.info("touching the heartbeat file %s again", self.path)
+        self._failed = failed

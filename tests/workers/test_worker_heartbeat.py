@@ -1,13 +1,18 @@
-"""`interlock worker --heartbeat-file`: a real worker touches the file from its own loop
-while it serves, and `interlock health` reads it; a dead worker's file goes stale."""
+"""`--heartbeat-file`: a real worker touches the file from its own loop while it serves,
+and `interlock health` reads it; a dead worker's file goes stale. A file that cannot be
+touched at start-up is a wrong setting, refused at once; one that stops being touchable
+while the resume consumer serves is said in its log, and decisions go on."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.queue_helpers import APP, READY_TIMEOUT, Service, child_env, run_cli
+import pytest
+
+from tests.queue_helpers import APP, READY_TIMEOUT, Dashboard, Service, child_env, run_cli
 from workers.heartbeat import EVERY
 
 
@@ -66,5 +71,117 @@ def test_the_variable_sets_it_too(tmp_path: Path, redis_url: str) -> None:
     try:
         worker.wait_for(" ready.", READY_TIMEOUT)
         assert _until(lambda: beat.exists(), 30), worker.tail()
+    finally:
+        worker.kill()
+
+
+@pytest.mark.parametrize("command", ["worker", "resume-consumer"])
+def test_a_heartbeat_file_that_cannot_be_touched_is_refused_at_start(
+    tmp_path: Path, redis_url: str, command: str
+) -> None:
+    beat = tmp_path / "no-such-folder" / "x.alive"
+    where = ["--broker", redis_url, "--store", f"sqlite:///{tmp_path}/i.db"]
+    result = run_cli(command, "--app", APP, *where, "--heartbeat-file", str(beat), timeout=60)
+    assert result.returncode == 1, result.describe()
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: INVALID_ARGUMENT: cannot touch the heartbeat file {beat}: No such file or "
+        "directory: check --heartbeat-file or INTERLOCK_HEARTBEAT_FILE"
+    ), result.describe()
+    assert "Traceback" not in result.stderr and result.stdout == "", result.describe()
+    assert not beat.parent.exists()
+
+
+class _Alone:
+    """A resume consumer on its own, as `Dashboard` expects of a stack."""
+
+    def __init__(self, broker_url: str, consumer: Service) -> None:
+        self.broker_url = broker_url
+        self.consumer = consumer
+
+    def check_alive(self) -> None:
+        assert self.consumer.alive, self.consumer.tail()
+
+
+def test_the_consumer_goes_on_when_its_heartbeat_file_cannot_be_touched(
+    tmp_path: Path, redis_url: str
+) -> None:
+    folder = tmp_path / "beats"
+    folder.mkdir()
+    beat = folder / "consumer.alive"
+    store = f"sqlite:///{tmp_path}/i.db"
+    assert run_cli("migrate", "--store", store, timeout=60).returncode == 0
+    consumer = Service(
+        "resume-consumer",
+        [
+            "resume-consumer",
+            "--app",
+            APP,
+            "--broker",
+            redis_url,
+            "--store",
+            store,
+            "--heartbeat-file",
+            str(beat),
+        ],
+        tmp_path / "consumer.log",
+        env=child_env(),
+    )
+    dashboard: Dashboard | None = None
+    try:
+        consumer.wait_for("Connected to ", READY_TIMEOUT)
+        assert _until(lambda: beat.exists(), 30), consumer.tail()
+        shutil.rmtree(folder)  # the volume went away under it
+        said = "cannot touch the heartbeat file"
+        assert _until(lambda: said in consumer.output(), 30), consumer.tail()
+        dashboard = Dashboard(_Alone(redis_url, consumer), lambda text, session: "")
+        dashboard.consumer_barrier()  # a decision is still read, checked and answered
+        dashboard.consumer_barrier()
+        assert consumer.alive, consumer.tail()
+        assert consumer.output().count(said) == 1, consumer.tail()  # said once, not per loop
+        folder.mkdir()
+        assert _until(lambda: beat.exists(), 30), consumer.tail()
+        assert "touching the heartbeat file" in consumer.output(), consumer.tail()
+        assert "Traceback" not in consumer.output(), consumer.tail()
+    finally:
+        if dashboard is not None:
+            dashboard.close()
+        consumer.kill()
+
+
+def test_the_worker_goes_on_when_its_heartbeat_file_cannot_be_touched(
+    tmp_path: Path, redis_url: str
+) -> None:
+    folder = tmp_path / "beats"
+    folder.mkdir()
+    beat = folder / "worker.alive"
+    store = f"sqlite:///{tmp_path}/i.db"
+    worker = Service(
+        "worker",
+        [
+            "worker",
+            "--app",
+            APP,
+            "--broker",
+            redis_url,
+            "--store",
+            store,
+            "--pool",
+            "solo",
+            "--heartbeat-file",
+            str(beat),
+        ],
+        tmp_path / "worker.log",
+        env=child_env(),
+    )
+    try:
+        worker.wait_for(" ready.", READY_TIMEOUT)
+        shutil.rmtree(folder)
+        said = "cannot touch the heartbeat file"
+        assert _until(lambda: said in worker.output(), 3 * EVERY), worker.tail()
+        time.sleep(2 * EVERY + 1)  # two more ticks fail the same way: not said again
+        assert worker.alive and worker.output().count(said) == 1, worker.tail()
+        folder.mkdir()
+        assert _until(lambda: beat.exists(), 3 * EVERY), worker.tail()
+        assert "touching the heartbeat file" in worker.output(), worker.tail()
     finally:
         worker.kill()

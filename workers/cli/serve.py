@@ -148,6 +148,7 @@ def worker(
 
     settings = shared_store(shared_broker(settings_of(app, broker, store, heartbeat_file)))
     load_registry(settings.app)  # fail here, clearly, rather than inside Celery
+    _check_heartbeat(settings)
     if burst:  # a batch job: no broker or store, one line (UNAVAILABLE), turns kept queued
         _reach_broker(settings)
     _check_store(settings.store_url, burst, "worker")
@@ -198,6 +199,22 @@ def worker(
     if burst:
         env[BURST_ENV] = str(idle)
     os.execve(sys.executable, argv, env)
+
+
+def _check_heartbeat(settings: Settings) -> None:
+    """A heartbeat file that cannot be touched at start-up (its folder is missing, say)
+    is a wrong setting: INVALID_ARGUMENT now, not a health check failing later."""
+    from pathlib import Path
+
+    from ..heartbeat import touch
+
+    if settings.heartbeat_file:
+        failed = touch(Path(settings.heartbeat_file))
+        if failed is not None:
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                f"{failed}: check --heartbeat-file or INTERLOCK_HEARTBEAT_FILE",
+            )
 
 
 def _declare_first(settings: Settings) -> None:
@@ -290,6 +307,7 @@ def resume_consumer(
     consumer = ResumeConsumer(celery_app, heartbeat_file=settings.heartbeat_file)
     rt = consumer.rt
     rt.registry  # noqa: B018 - fail early on a bad --app
+    _check_heartbeat(settings)
     _check_store(settings.store_url, burst, "resume consumer")
     _declare_first(settings)
     maintenance = Maintenance(rt)
