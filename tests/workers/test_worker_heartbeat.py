@@ -102,30 +102,28 @@ class _Alone:
         assert self.consumer.alive, self.consumer.tail()
 
 
+def _serving_with_beat(tmp_path: Path, redis_url: str, *args: str) -> tuple[Service, Path]:
+    """`interlock ARGS...` serving, its heartbeat file in a folder of its own."""
+    folder = tmp_path / "beats"
+    folder.mkdir()
+    store = f"sqlite:///{tmp_path}/i.db"
+    assert run_cli("migrate", "--store", store, timeout=60).returncode == 0
+    where = ["--app", APP, "--broker", redis_url, "--store", store]
+    beat = folder / f"{args[0]}.alive"
+    service = Service(
+        args[0],
+        [*args, *where, "--heartbeat-file", str(beat)],
+        tmp_path / f"{args[0]}.log",
+        env=child_env(),
+    )
+    return service, beat
+
+
 def test_the_consumer_goes_on_when_its_heartbeat_file_cannot_be_touched(
     tmp_path: Path, redis_url: str
 ) -> None:
-    folder = tmp_path / "beats"
-    folder.mkdir()
-    beat = folder / "consumer.alive"
-    store = f"sqlite:///{tmp_path}/i.db"
-    assert run_cli("migrate", "--store", store, timeout=60).returncode == 0
-    consumer = Service(
-        "resume-consumer",
-        [
-            "resume-consumer",
-            "--app",
-            APP,
-            "--broker",
-            redis_url,
-            "--store",
-            store,
-            "--heartbeat-file",
-            str(beat),
-        ],
-        tmp_path / "consumer.log",
-        env=child_env(),
-    )
+    consumer, beat = _serving_with_beat(tmp_path, redis_url, "resume-consumer")
+    folder = beat.parent
     dashboard: Dashboard | None = None
     try:
         consumer.wait_for("Connected to ", READY_TIMEOUT)
@@ -151,28 +149,8 @@ def test_the_consumer_goes_on_when_its_heartbeat_file_cannot_be_touched(
 def test_the_worker_goes_on_when_its_heartbeat_file_cannot_be_touched(
     tmp_path: Path, redis_url: str
 ) -> None:
-    folder = tmp_path / "beats"
-    folder.mkdir()
-    beat = folder / "worker.alive"
-    store = f"sqlite:///{tmp_path}/i.db"
-    worker = Service(
-        "worker",
-        [
-            "worker",
-            "--app",
-            APP,
-            "--broker",
-            redis_url,
-            "--store",
-            store,
-            "--pool",
-            "solo",
-            "--heartbeat-file",
-            str(beat),
-        ],
-        tmp_path / "worker.log",
-        env=child_env(),
-    )
+    worker, beat = _serving_with_beat(tmp_path, redis_url, "worker", "--pool", "solo")
+    folder = beat.parent
     try:
         worker.wait_for(" ready.", READY_TIMEOUT)
         shutil.rmtree(folder)
