@@ -142,7 +142,7 @@ def _object_turn(name: str, number: int, line: str) -> FileTurn:
 def _optional_id(name: str, number: int, value: dict[str, Any], field: str) -> str | None:
     """The id `field` of a JSON line (absent or null: None), a non-empty string."""
     found = value.get(field)
-    if found is not None and (not isinstance(found, str) or not found):
+    if found is not None and (not isinstance(found, str) or not found.strip()):
         raise _bad(name, number, f'"{field}" must be a non-empty string or absent')
     return found if isinstance(found, str) else None
 

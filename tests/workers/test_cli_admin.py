@@ -342,6 +342,24 @@ def test_a_store_that_is_no_database_is_one_line_for_every_command_that_reads_it
     assert wrong.read_bytes() == b"no database here\n" * 100
 
 
+def test_an_empty_store_flag_is_refused_by_every_command_that_reads_it(tmp_path: Path) -> None:
+    """`--store ""` (say, `--store "$STORE"` with nothing in it) is a wrong URL for the
+    commands that read only the store, as for the others; the default store is not
+    read in its place. An empty variable is unset, as documented."""
+    said = "error: INVALID_ARGUMENT: store URL '' is not a database URL SQLAlchemy can use"
+    for args in (["pending"], ["audit", "some-session"], ["migrate"], ["submit", "--text", "x"]):
+        extra = ["--agent", "bankingAgent", "--broker", "redis://127.0.0.1:1/0"]
+        result = run_cli(
+            *args, *(extra if args[0] == "submit" else []), "--store", "", cwd=tmp_path
+        )
+        assert result.returncode == 1, result.describe()
+        assert result.stderr.strip().startswith(said), result.describe()
+    unset = run_cli("pending", env=child_env(INTERLOCK_STORE_URL=""), cwd=tmp_path)
+    assert unset.returncode == 0, unset.describe()
+    assert unset.stderr.strip() == "no open interrupts: no store at interlock.db yet"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_the_commands_that_read_the_store_make_no_table_in_a_database_without_one(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest

@@ -122,11 +122,21 @@ def test_demo_refuses_a_piped_answer_it_cannot_read(tmp_path: Path) -> None:
     assert "Usage:" not in result.stderr, "the flow ran up to the question: no usage banner"
 
 
-def test_demo_refuses_approve_and_deny_together(tmp_path: Path) -> None:
-    result = run_cli("demo", "--approve", "--deny", cwd=tmp_path, timeout=60)
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--approve", "--deny"], "give --approve or --deny, not both"),
+        (["--in-process", "--text", " "], "Invalid value for --text: the message is empty"),
+    ],
+)
+def test_demo_refuses_a_usage_mistake_before_it_runs(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    result = run_cli("demo", *args, cwd=tmp_path, timeout=60)
     assert result.returncode == 2, result.describe()
-    assert "give --approve or --deny, not both" in result.stderr
+    assert said in result.stderr
     assert result.stdout == "", "nothing ran"
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -368,6 +378,12 @@ def test_decide_needs_exactly_one_verdict(stack: QueueStack) -> None:
     )  # fmt: skip
     assert result.returncode == 2, result.describe()
     assert "give exactly one of --approve, --deny, --respond" in result.stderr
+    feedback = run_cli(
+        "decide", "snap", "--token", "t", "--respond", '{"success": false}', "--feedback", "no",
+        "--store", stack.store_url, "--broker", stack.broker_url,
+    )  # fmt: skip
+    assert feedback.returncode == 2, feedback.describe()
+    assert "--feedback goes with --approve or --deny" in feedback.stderr
 
 
 def test_unreachable_broker_or_store_is_one_clear_line(stack: QueueStack) -> None:

@@ -55,6 +55,7 @@ def test_a_turn_id_names_the_same_session_each_time() -> None:
         ('{"text": "hi", "session_id": 7}', '"session_id" must be a non-empty string'),
         ('{"text": "hi", "turn_id": 7}', '"turn_id" must be a non-empty string or absent'),
         ('{"text": "hi", "turn_id": ""}', '"turn_id" must be a non-empty string or absent'),
+        ('{"text": "hi", "session_id": " "}', '"session_id" must be a non-empty string'),
         ("Hello\x00world", "contains a NUL character (\\u0000): a worker would refuse the turn"),
         ('{"text": "Hello\\u0000"}', "contains a NUL character (\\u0000): a worker would refuse"),
         ('{"text": "hi", "session_id": "s\\u0000"}', "contains a NUL character (\\u0000)"),
@@ -101,6 +102,13 @@ def test_a_file_without_text_is_refused() -> None:
         (["--text", "hi", "--file", "-"], 2, "Error: give --text or --file, not both"),
         ([], 2, "Error: give the message with --text, or a file of them with --file"),
         (["--text", " "], 2, "Error: Invalid value for --text: the message is empty"),
+        (
+            ["--text", "hi", "--session", " "],
+            2,
+            "Error: Invalid value for --session: the session id is empty (leave --session out "
+            "for a new session)",
+        ),
+        (["--text", "hi", "--session", ""], 2, "Error: Invalid value for --session: the session"),
         (["--file", "-", "--session", "s"], 2, "Error: --session goes with --text"),
         (["--file", "-"], 1, "error: INVALID_ARGUMENT: no turns in <stdin>: it has no text line"),
         (

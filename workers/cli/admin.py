@@ -98,6 +98,8 @@ def demo(
 
     if approve and deny:
         raise click.UsageError("give --approve or --deny, not both")
+    if not text.strip():
+        raise click.BadParameter("the message is empty", param_hint="--text")
     if in_process and (broker is not None or store is not None):
         raise click.UsageError("--in-process uses no queues and no store: drop --broker, --store")
     if broker is not None:

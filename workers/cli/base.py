@@ -412,7 +412,7 @@ def store_url_of(store: str | None) -> str:
     are not read, so a value there that this command does not use cannot stop it."""
     from ..settings import DEFAULT_STORE, check_store_url
 
-    url = store or os.environ.get("INTERLOCK_STORE_URL") or DEFAULT_STORE
+    url = store if store is not None else os.environ.get("INTERLOCK_STORE_URL") or DEFAULT_STORE
     check_store_url(url)
     _STORE_IN_USE.url = url
     return url

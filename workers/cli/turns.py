@@ -118,6 +118,11 @@ def submit(
         raise click.UsageError("give --text or --file, not both")
     if text is not None and not text.strip():
         raise click.BadParameter("the message is empty", param_hint="--text")
+    if session_id is not None and not session_id.strip():
+        raise click.BadParameter(
+            "the session id is empty (leave --session out for a new session)",
+            param_hint="--session",
+        )
     if turn_file is not None and session_id is not None:
         raise click.UsageError(
             '--session goes with --text; in --file, give a line {"text", "session_id"}'
@@ -399,7 +404,7 @@ def _pending_row(snap: Snapshot) -> dict[str, Any]:
     help="Answer this interrupt (repeatable; every pending one must be named). Default: every "
     "pending one, read from the store.",
 )
-@click.option("--feedback", default=None, help="Feedback sent with --approve/--deny.")
+@click.option("--feedback", default=None, help="Feedback sent with --approve/--deny (with --respond, put it in the JSON).")
 @click.option(
     "--reviewer",
     envvar="INTERLOCK_REVIEWER",
@@ -444,6 +449,10 @@ def decide(
 
     if [approve, deny, respond_json is not None].count(True) != 1:
         raise click.UsageError("give exactly one of --approve, --deny, --respond JSON")
+    if feedback is not None and respond_json is not None:
+        raise click.UsageError(
+            "--feedback goes with --approve or --deny; with --respond, put it in the JSON"
+        )
     verdict = "approve" if approve else "deny"
     output: Any = None
     if respond_json is not None:
