@@ -404,7 +404,11 @@ def _pending_row(snap: Snapshot) -> dict[str, Any]:
     help="Answer this interrupt (repeatable; every pending one must be named). Default: every "
     "pending one, read from the store.",
 )
-@click.option("--feedback", default=None, help="Feedback sent with --approve/--deny (with --respond, put it in the JSON).")
+@click.option(
+    "--feedback",
+    default=None,
+    help="Feedback sent with --approve/--deny (with --respond, put it in the JSON).",
+)
 @click.option(
     "--reviewer",
     envvar="INTERLOCK_REVIEWER",
