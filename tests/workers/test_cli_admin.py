@@ -79,7 +79,13 @@ def test_health_reads_the_store_url_as_the_store_does(tmp_path: Path, redis_url:
     )
     assert down.returncode == 1, down.describe()
     [report] = down.json_lines()
-    assert report["broker"] == "ok" and report["store"].startswith("error: ")
+    assert report["broker"] == "ok" and report["store"].startswith("error: UNAVAILABLE: ")
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"no database here\n" * 100)
+    wrong = run_cli("health", "--broker", redis_url, "--store", f"sqlite:///{garbage}")
+    assert wrong.returncode == 1, wrong.describe()
+    [report] = wrong.json_lines()
+    assert report["store"] == "error: UNAVAILABLE: file is not a database", report
     nobody = f"redis://127.0.0.1:{free_port()}/0"
     unreachable = run_cli("health", "--broker", nobody, "--store", store, timeout=60)
     assert unreachable.returncode == 1, unreachable.describe()
@@ -450,7 +456,7 @@ def test_a_store_whose_folder_or_server_is_not_there_is_said_in_one_line(
     checked = run_cli("health", "--store", down, *broker)
     assert checked.returncode == 1, checked.describe()
     [report] = checked.json_lines()
-    assert report["store"].startswith("error: connection failed: "), report
+    assert report["store"].startswith("error: UNAVAILABLE: connection failed: "), report
     assert "\n" not in report["store"] and "sqlalche.me" not in report["store"], report
     assert len(checked.stderr.strip().splitlines()) == 1, checked.describe()
 

@@ -202,7 +202,7 @@ def health(
         report["broker"] = f"error: {Status.FAILED_PRECONDITION.value}: {exc}"
     except Exception as exc:
         known = error_line(exc)  # a refusal (UNAUTHENTICATED, ...) or an outage (UNAVAILABLE)
-        said = one_line(exc) if known is None else f"{known[0].value}: {known[1]}"
+        said = _unusable(exc) if known is None else f"{known[0].value}: {known[1]}"
         report["broker"] = f"error: {said}"
     try:
         missing = missing_sqlite_file(settings.store_url)
@@ -223,7 +223,7 @@ def health(
         report["store"] = "ok"
     except Exception as exc:
         known = store_refusal(exc)  # a refusal (NOT_FOUND, UNAUTHENTICATED), not an outage
-        said = one_line(exc) if known is None else f"{known[0].value}: {known[1]}"
+        said = _unusable(exc) if known is None else f"{known[0].value}: {known[1]}"
         report["store"] = f"error: {said}"
     if heartbeat_file:
         path = Path(heartbeat_file)
@@ -234,6 +234,13 @@ def health(
     failed = [f"{k} {v}" for k, v in report.items() if k != "heartbeat_age" and v != "ok"]
     if failed:
         fail(f"{Status.UNAVAILABLE.value}: unhealthy: " + "; ".join(failed))
+
+
+def _unusable(exc: Exception) -> str:
+    """A failure that is no known refusal, with its status: its own where it has one
+    (`StatusError`: its text starts with it), else UNAVAILABLE, as every command says."""
+    said = one_line(exc)
+    return said if isinstance(exc, StatusError) else f"{Status.UNAVAILABLE.value}: {said}"
 
 
 @main.command(short_help="Write or check the JSON Schemas of the queue messages.")
