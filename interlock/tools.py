@@ -103,6 +103,7 @@ class Tool(Generic[In, Out]):
         params = list(inspect.signature(fn).parameters.values())
         self._ctx_param = next((p.name for p in params if hints.get(p.name) is ToolContext), None)
         positional = [p for p in params if p.name != self._ctx_param]
+        self._check_signature(fn)
         self.input_type: Any = hints.get(positional[0].name, Any) if positional else Any
         self.resume_type: Any = (
             _strip_optional(hints.get(positional[1].name, Any)) if len(positional) > 1 else Any
@@ -115,6 +116,22 @@ class Tool(Generic[In, Out]):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+    def _check_signature(self, fn: Callable[..., Any]) -> None:
+        """A function that cannot take the arguments `invoke` passes is refused now
+        (INVALID_ARGUMENT), not when the model first calls it (a failed turn)."""
+        shape = "(input, resume)" if self.interruptible else "(input)"
+        args = (None, None) if self.interruptible else (None,)
+        kwargs = {self._ctx_param: None} if self._ctx_param else {}
+        try:
+            inspect.signature(fn).bind(*args, **kwargs)
+        except TypeError as exc:
+            kind = "an interruptible tool" if self.interruptible else "a tool"
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                f"tool {self.name!r}: the function of {kind} takes {shape}, plus an optional "
+                f"ToolContext parameter ({exc})",
+            ) from None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return run_sync(self.fn(*args, **kwargs))

@@ -77,6 +77,53 @@ def test_an_annotation_that_names_nothing_is_a_clear_error() -> None:
     assert "tool 'broken': cannot resolve the annotation 'NoSuchType'" in info.value.message
 
 
+def _one(inp: int) -> int:
+    return inp
+
+
+def _two(inp: int, res: dict[str, Any] | None) -> int:
+    return inp
+
+
+def _with_ctx(inp: int, ctx: ToolContext) -> int:
+    return inp
+
+
+def _none() -> int:
+    return 1
+
+
+@pytest.mark.parametrize(
+    ("interruptible", "fn", "said"),
+    [
+        (True, _one, "takes (input, resume)"),
+        (True, _none, "takes (input, resume)"),
+        (False, _two, "takes (input)"),
+        (False, _none, "takes (input)"),
+    ],
+)
+def test_a_function_of_the_wrong_shape_is_refused_when_the_tool_is_defined(
+    interruptible: bool, fn: Any, said: str
+) -> None:
+    """Not at the model's first call, as a failed turn: the tool is never defined."""
+    ai = Interlock()
+    define = ai.define_interruptible_tool if interruptible else ai.define_tool
+    with pytest.raises(StatusError) as info:
+        define("t", "", fn)
+    assert info.value.status is Status.INVALID_ARGUMENT
+    assert info.value.message.startswith("tool 't': the function of "), info.value.message
+    assert said in info.value.message and "ToolContext" in info.value.message
+    assert "t" not in ai.tools
+
+
+def test_functions_of_the_right_shape_are_defined() -> None:
+    ai = Interlock()
+    ai.define_tool("one", "", _one)
+    ai.define_tool("ctx", "", _with_ctx)
+    ai.define_interruptible_tool("two", "", _two)
+    assert {"one", "ctx", "two"} <= set(ai.tools)
+
+
 class Receipt(BaseModel):
     txn: str
     amount: float
