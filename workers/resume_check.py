@@ -48,7 +48,8 @@ class TaskCheck:
 def check_task(rt: Runtime, request: TurnRequest) -> TaskCheck:
     """Whether `request` may run: refused if it is a resume, or a task that names a
     claim, that is not the resume the consumer enqueued for an accepted decision
-    (PERMISSION_DENIED); or a task that takes a turn id Interlock keeps for its own
+    (PERMISSION_DENIED), after NOT_FOUND where the snapshot it names does not exist (the
+    resume consumer's order); or a task that takes a turn id Interlock keeps for its own
     (INVALID_ARGUMENT). It costs a resume one read transaction: the decision log and
     the snapshot. A task that is neither (or whose input is no agent input) goes on, to run
     or to be refused for what it is."""
@@ -58,19 +59,24 @@ def check_task(rt: Runtime, request: TurnRequest) -> TaskCheck:
     except ValidationError:
         given = None
     pause = "the pause" if request.snapshot_id is None else f"snapshot {request.snapshot_id}"
-    if claim is None:
-        if given is not None and given.resume is not None:
-            return _denied(f"{pause} is not claimed by this resume (it names no claim)")
+    resume = given is not None and given.resume is not None
+    if claim is None and not resume:
         if reserved(request.turn_id):
             return TaskCheck(StatusError(Status.INVALID_ARGUMENT, _reserved_said(request.turn_id)))
         return TaskCheck()
-    # One read transaction for the log and the snapshot, as the consumer reads them.
-    snapshot_id, snapshot = request.snapshot_id, None
+    # One read transaction for the log and the snapshot, as the consumer reads them; and
+    # in its order: a snapshot that does not exist is NOT_FOUND before any permission.
+    snapshot_id, snapshot, record = request.snapshot_id, None, None
     with rt.store.reader().connect() as conn, conn.begin():
-        record = rt.decisions.get(claim, conn=conn)
-        accepted = record is not None and record.outcome == "accepted"
-        if accepted and given is not None and snapshot_id is not None:
+        if claim is not None:
+            record = rt.decisions.get(claim, conn=conn)
+        if snapshot_id is not None:
             snapshot = rt.store.get_snapshot_in(conn, snapshot_id)
+    if snapshot_id is not None and snapshot is None:
+        return TaskCheck(StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found"))
+    if claim is None:
+        return _denied(f"{pause} is not claimed by this resume (it names no claim)")
+    accepted = record is not None and record.outcome == "accepted"
     if record is None or not accepted:
         return _denied(f"{pause} is not claimed by {claim!r}: no decision of that id was accepted")
     if given is None or snapshot is None or not _is_its_resume(record, snapshot, request, given):

@@ -505,6 +505,31 @@ def test_a_resume_task_sent_past_the_resume_consumer_is_refused(
     assert latest is not None and latest.snapshot_id == sid, "no turn ran"
 
 
+@pytest.mark.parametrize(
+    "ids",
+    [{}, {"claimed_by": "forged", "decision_id": "forged"}],
+    ids=["no-claim", "forged-claim"],
+)
+def test_a_resume_task_for_an_unknown_snapshot_is_not_found(
+    rt: Runtime, ids: dict[str, str]
+) -> None:
+    """A resume task sent straight to interlock.turns that names a snapshot no store
+    holds is NOT_FOUND before any question of permission, in the resume consumer's
+    order (the snapshot exists, then the token): turn.failed says which snapshot, no
+    session or snapshot is made, and nothing is left claimed."""
+    sid, resume = _paused(rt, f"s-unknown-target-{len(ids)}")
+    before = len(rt.store.list_snapshots(limit=1000))
+    unknown = "no-such-snapshot"
+    refused = run_turn(rt, _resume_task(f"t-unknown-{len(ids)}", resume, unknown, **ids))
+    assert refused["error"]["status"] == "NOT_FOUND", refused
+    assert refused["error"]["message"] == f"snapshot {unknown} not found", refused
+    [event] = [e for e in _failed_bodies(rt) if e["turn_id"] == f"t-unknown-{len(ids)}"]
+    assert event["error"] == refused["error"]
+    assert event["last_snapshot_id"] is None, event
+    assert len(rt.store.list_snapshots(limit=1000)) == before, "no snapshot was written"
+    assert _claim_of(rt, sid) is None, "the real pause is untouched"
+
+
 def _completed_children(rt: Runtime, session_id: str, sid: str) -> list[str]:
     return [
         s.snapshot_id
