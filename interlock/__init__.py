@@ -39,7 +39,7 @@ from .middleware import Middleware, ToolApproval, approve, deny, is_approval_gat
 from .models import FunctionModel, Model, ModelError, RetryPolicy, scripted
 from .registry import Interlock
 from .state import RandomSecretWarning
-from .stores import InMemorySessionStore, SessionStore, SqlSessionStore
+from .stores import InMemorySessionStore, LatestSnapshotId, SessionStore, SqlSessionStore
 from .tools import InterruptibleTool, Tool
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "Interlock",
     "InterlockError",
     "InterruptibleTool",
+    "LatestSnapshotId",
     "Message",
     "Middleware",
     "Model",

@@ -36,7 +36,7 @@ from .errors import (
 from .journal import TurnJournal, session_for_turn
 from .middleware import Middleware
 from .resume import Answer, check_resumable, passed_deadline, pending_interrupts, plan_resume
-from .stores.base import SessionStore
+from .stores.base import LatestSnapshotId, SessionStore
 from .tools import Tool
 from .turn import Turn, TurnResult
 
@@ -471,6 +471,15 @@ class Agent:
             )
         return by
 
+    def _is_newest(self, snap: Snapshot) -> bool:
+        """Whether `snap` is its session's newest snapshot, asked without reading a
+        history where the store can (`LatestSnapshotId`): a completed snapshot that is
+        the newest is what `session_id=` continues, so no pause stands beside it."""
+        store = self.store
+        if not isinstance(store, LatestSnapshotId):
+            return False  # unknown: the caller reads the session's snapshot whole
+        return store.latest_snapshot_id(snap.session_id) == snap.snapshot_id
+
     def _check_not_paused(self, base: _Base) -> None:
         snap = base.snapshot
         if snap is not None and snap.status != SnapshotStatus.COMPLETED:
@@ -479,7 +488,12 @@ class Agent:
                 f"snapshot {snap.snapshot_id} is {snap.status.value} and cannot be continued; "
                 "it is kept for inspection",
             )
-        if snap is not None and base.by_snapshot and not snap.is_interrupted:
+        if (
+            snap is not None
+            and base.by_snapshot
+            and not snap.is_interrupted
+            and not self._is_newest(snap)
+        ):
             # An earlier snapshot may be continued (a new branch), but not while the
             # session is paused: its pause would stay open beside the branch's turn.
             current = self._session_snapshot(snap.session_id, resume=False)

@@ -8,7 +8,7 @@ from schemas import FinishReason, Snapshot, SnapshotStatus, Status
 
 from ..errors import StatusError
 
-__all__ = ["SessionStore", "snapshot_filters"]
+__all__ = ["LatestSnapshotId", "SessionStore", "snapshot_filters"]
 
 
 @runtime_checkable
@@ -48,6 +48,19 @@ class SessionStore(Protocol):
     ) -> list[Snapshot]:
         """Snapshots matching every given filter, newest (last first saved) first. An
         unknown `status` or `finish_reason` is INVALID_ARGUMENT (`snapshot_filters`)."""
+        ...
+
+
+@runtime_checkable
+class LatestSnapshotId(Protocol):
+    """What a store may offer besides `SessionStore`: the id of a session's newest
+    snapshot without reading its history. An agent continuing a session from a snapshot
+    (`snapshot_id=`, as a connection does) asks it whether that snapshot is still the
+    newest; without it, the agent reads the newest snapshot whole. Both stores here have
+    it."""
+
+    def latest_snapshot_id(self, session_id: str) -> str | None:
+        """The id of the snapshot `get_latest_snapshot(session_id)` returns, or None."""
         ...
 
 

@@ -119,6 +119,11 @@ class InMemorySessionStore:
         found = self.list_snapshots(session_id=session_id, limit=1)
         return found[0] if found else None
 
+    def latest_snapshot_id(self, session_id: str) -> str | None:
+        with self._lock:
+            ids = self._sessions.get(session_id)
+            return ids[-1] if ids else None
+
     def save_snapshot(self, snapshot: Snapshot) -> None:
         if type(snapshot.status) is not SnapshotStatus or not (
             snapshot.finish_reason is None or type(snapshot.finish_reason) is FinishReason

@@ -248,6 +248,12 @@ def _list_statement(
 
 _GET_SNAPSHOT = select(_SNAP).where(_SNAP.c.snapshot_id == bindparam("p_sid"))
 _F_GET_SNAPSHOT = FastStatement(_GET_SNAPSHOT)
+_F_LATEST_ID = FastStatement(
+    select(_SNAP.c.snapshot_id)
+    .where(_SNAP.c.session_id == bindparam("p_session"))
+    .order_by(_SNAP.c.seq.desc())
+    .limit(1)
+)
 _BY_TURN = (
     select(_SNAP).where(_SNAP.c.turn_id == bindparam("p_turn")).order_by(_SNAP.c.seq).limit(1)
 )
@@ -370,6 +376,12 @@ class SqlSessionStore:
     def get_latest_snapshot(self, session_id: str) -> Snapshot | None:
         found = self.list_snapshots(session_id=session_id, limit=1)
         return found[0] if found else None
+
+    def latest_snapshot_id(self, session_id: str) -> str | None:
+        """The id of the session's newest snapshot, its history unread."""
+        with self._reader.connect() as conn, conn.begin():
+            rows = _F_LATEST_ID.execute(conn, {"p_session": session_id}).all()
+        return str(rows[0][0]) if rows else None
 
     def list_snapshots(
         self,

@@ -14,10 +14,12 @@ from interlock import (
     FinishReason,
     InMemorySessionStore,
     Interlock,
+    LatestSnapshotId,
     Message,
     ModelRequest,
     Part,
     ResumeValidationError,
+    Snapshot,
     SnapshotNotFoundError,
     SnapshotStatus,
     Status,
@@ -909,10 +911,27 @@ def test_new_message_while_paused_names_the_pending_interrupts() -> None:
     )
 
 
-def test_new_message_to_an_earlier_snapshot_while_paused_is_refused() -> None:
+class _PlainStore:
+    """A store of a user's own: the `SessionStore` protocol and nothing more (no
+    `latest_snapshot_id`), over the memory store."""
+
+    def __init__(self) -> None:
+        self.inner = InMemorySessionStore()
+        self.get_snapshot = self.inner.get_snapshot
+        self.get_latest_snapshot = self.inner.get_latest_snapshot
+        self.save_snapshot = self.inner.save_snapshot
+        self.claim = self.inner.claim
+        self.release = self.inner.release
+        self.list_snapshots = self.inner.list_snapshots
+
+
+@pytest.mark.parametrize("kind", ["memory", "plain"])
+def test_new_message_to_an_earlier_snapshot_while_paused_is_refused(kind: str) -> None:
     """`snapshot_id=` may continue an earlier snapshot (a branch), but not while the
-    session is paused: the pause would stay open beside the branch's own turn."""
-    rig = Rig({"n": 1})
+    session is paused: the pause would stay open beside the branch's own turn. The
+    same with a store that cannot tell a session's newest snapshot id alone."""
+    rig = Rig({"n": 1}, store="memory" if kind == "memory" else _PlainStore())
+    assert isinstance(rig.store, LatestSnapshotId) is (kind == "memory")
     first = rig.paused()
     done = rig.agent.run(
         ToolResume(respond=[rig.gate.respond(first.interrupts[0], {"value": 1})]),
@@ -938,6 +957,53 @@ def test_new_message_to_an_earlier_snapshot_while_paused_is_refused() -> None:
     assert branch.finish_reason is FinishReason.INTERRUPTED, "once answered, a branch may go on"
     snapshot = rig.store.get_snapshot(cast(str, branch.snapshot_id))
     assert snapshot is not None and snapshot.parent_id == done.snapshot_id
+
+
+class _CountingStore(InMemorySessionStore):
+    """Counts the reads that parse a session's newest snapshot whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.latest_reads = 0
+
+    def get_latest_snapshot(self, session_id: str) -> Snapshot | None:
+        self.latest_reads += 1
+        return super().get_latest_snapshot(session_id)
+
+
+def test_a_connection_going_on_from_the_newest_snapshot_reads_its_history_once() -> None:
+    """A connection continues from its last snapshot (`snapshot_id=`). While that is
+    the session's newest, the check that no pause stands beside it asks the store for
+    the newest id only: each turn reads the history once (the snapshot it goes on
+    from), not twice, which on a long session is most of a turn's time. A snapshot that
+    is no longer the newest is read whole, and a pause there still refuses."""
+    rig = Rig({"n": 1}, store=_CountingStore())
+    store = cast(_CountingStore, rig.store)
+    with rig.agent.connect() as conn:
+        for text in ("hello", "again", "and again"):
+            if text == "again":  # the first turn named the new session only: no snapshot
+                store.latest_reads = 0
+            conn.send_text(text)
+            [*_] = conn.receive()
+            assert conn.output().finish_reason is FinishReason.INTERRUPTED
+            conn.send_resume(
+                ToolResume(respond=[rig.gate.respond(conn.output().interrupts[0], {"value": 1})])
+            )
+            [*_] = conn.receive()
+            assert conn.output().finish_reason is FinishReason.STOP
+        assert store.latest_reads == 0, "no history read to find the newest snapshot"
+        done = conn.output()
+    paused = rig.agent.run_text("elsewhere", session_id=done.session_id)
+    assert paused.finish_reason is FinishReason.INTERRUPTED
+    store.latest_reads = 0
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "answer the pending interrupts first",
+        rig.agent.run_text,
+        "branch",
+        snapshot_id=done.snapshot_id,
+    )
+    assert store.latest_reads == 1, "no longer the newest: the session's newest is read"
 
 
 def test_new_message_while_paused_with_state() -> None:

@@ -14,7 +14,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import SQLModel
 
 from interlock import StatusError
-from interlock.stores import InMemorySessionStore, SessionStore, SqlSessionStore
+from interlock.stores import (
+    InMemorySessionStore,
+    LatestSnapshotId,
+    SessionStore,
+    SqlSessionStore,
+)
 from schemas import (
     ErrorInfo,
     FinishReason,
@@ -176,6 +181,9 @@ def test_get_latest_snapshot_is_newest_of_any_status(store: SessionStore) -> Non
     latest2 = store.get_latest_snapshot("s2")
     assert latest2 is not None
     assert latest2.snapshot_id == "y"
+    # Both stores name the newest without reading a history, in the same order.
+    assert isinstance(store, LatestSnapshotId)
+    assert [store.latest_snapshot_id(s) for s in ("s1", "s2", "nope")] == ["b", "y", None]
 
 
 def test_list_filters_order_and_limit(store: SessionStore) -> None:
