@@ -89,10 +89,12 @@ class Part(WireModel):
     def _exactly_one(self) -> Part:
         # Runs for every part parsed (a long history loads thousands): count the set
         # fields without building a list first.
+        # Only the fields the input gave can be set: a part parsed from JSON names one
+        # or two (its content and metadata), so look at those alone.
         values = self.__dict__
         count = 0
-        for name in _CONTENT_FIELDS:
-            if values[name] is not None:
+        for name in self.__pydantic_fields_set__:
+            if name != "metadata" and values[name] is not None:
                 count += 1
         if count != 1:
             present = [f for f in _CONTENT_FIELDS if values[f] is not None]
