@@ -24,6 +24,7 @@ import argparse
 import datetime as dt
 import os
 import platform
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -35,7 +36,7 @@ from typing import Any
 
 from sqlalchemy import event
 
-from interlock import Agent, InMemorySessionStore, SqlSessionStore
+from interlock import Agent, InMemorySessionStore, Snapshot, SqlSessionStore
 
 from ._common import banking_agent, emit, git_state, interlock_cycle, versions
 
@@ -184,6 +185,11 @@ def measure(size: int, repeat: int, tmp: Path) -> dict[str, Any]:
         memory_time = _timed(lambda i: interlock_cycle(memory_agent, i, snapshot_id=base), repeat)
     finally:
         store.close()
+    _checkpoint(db)
+    sql_continued = _continued(
+        lambda i: _sqlite_copy(db, tmp / f"copy-{size}-{i}.db"), session_id, repeat
+    )
+    memory_continued = _continued(lambda i: _memory_copy(snapshot), session_id, repeat)
     return {
         "prior_messages": prior,
         "snapshots_in_session": chain,
@@ -198,6 +204,49 @@ def measure(size: int, repeat: int, tmp: Path) -> dict[str, Any]:
         },
         "cycle_sqlite": sql_time,
         "cycle_memory": memory_time,
+        "continued_sqlite": sql_continued,
+        "continued_memory": memory_continued,
+    }
+
+
+def _sqlite_copy(db: Path, copy: Path) -> SqlSessionStore:
+    """A store on a copy of the checkpointed database `db`: the same chain of snapshots."""
+    shutil.copyfile(db, copy)
+    return SqlSessionStore(f"sqlite:///{copy}")
+
+
+def _memory_copy(snapshot: Snapshot) -> InMemorySessionStore:
+    """A memory store holding `snapshot` (its whole history) as its session's newest."""
+    memory = InMemorySessionStore()
+    memory.save_snapshot(snapshot)
+    return memory
+
+
+def _continued(
+    make_store: Callable[[int], InMemorySessionStore | SqlSessionStore],
+    session_id: str,
+    repeat: int,
+) -> dict[str, float]:
+    """The cycle as a session goes on (both turns by `session_id=`), each of `repeat`
+    times on a fresh copy of the session (made untimed), so that each sees exactly its
+    N prior messages: the history is read once a turn."""
+    times = []
+    for i in range(repeat):
+        store = make_store(i)
+        try:
+            agent = banking_agent(store)
+            if store.get_latest_snapshot(session_id) is None:  # and warms the connection
+                raise AssertionError(f"the copy lost session {session_id}")
+            t0 = time.perf_counter()
+            interlock_cycle(agent, i, session_id=session_id)
+            times.append(time.perf_counter() - t0)
+        finally:
+            if isinstance(store, SqlSessionStore):
+                store.close()
+    return {
+        "median_ms": round(statistics.median(times) * 1000, 3),
+        "mean_ms": round(statistics.fmean(times) * 1000, 3),
+        "repeat": repeat,
     }
 
 
@@ -226,6 +275,12 @@ def run(sizes: list[int], repeat: int) -> dict[str, Any]:
         f"time_memory_{label}": _ratio(
             large["cycle_memory"]["median_ms"], small["cycle_memory"]["median_ms"]
         ),
+        f"time_continued_sqlite_{label}": _ratio(
+            large["continued_sqlite"]["median_ms"], small["continued_sqlite"]["median_ms"]
+        ),
+        f"time_continued_memory_{label}": _ratio(
+            large["continued_memory"]["median_ms"], small["continued_memory"]["median_ms"]
+        ),
     }
     bytes_ratio = ratios[f"params_bytes_{label}"]
     return {
@@ -245,6 +300,9 @@ def run(sizes: list[int], repeat: int) -> dict[str, Any]:
             "bytes: parameters of INSERT/UPDATE/DELETE statements (text as UTF-8, numbers "
             "8 bytes); wal_bytes: the WAL after the cycle, truncated before it (whole "
             "pages, B-tree and index pages included); db_file_growth: after a checkpoint",
+            "cycle_*: the cycle branching from the session's last snapshot (snapshot_id=), "
+            "the same snapshot each time; continued_*: the cycle going on in the session "
+            "(session_id=), each time on a fresh copy of it",
         ],
         "git": git_state(),
         "versions": versions(),

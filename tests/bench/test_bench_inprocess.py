@@ -80,3 +80,9 @@ def test_growth_prints_the_bytes_each_size_writes_and_their_ratio() -> None:
     label = f"params_bytes_{sizes[-1]}_vs_{sizes[0]}"  # --quick: 100 vs 10
     assert figures["ratios"][label] == round(written[-1] / written[0], 2)
     assert figures["targets"][label]["met"] is (written[-1] / written[0] <= 2)
+    for kind in ("cycle_sqlite", "cycle_memory", "continued_sqlite", "continued_memory"):
+        timed = [figures["results"][str(n)][kind] for n in sizes]
+        assert all(t["median_ms"] > 0 and t["repeat"] == figures["repeat"] for t in timed), kind
+        name = f"time_{kind.replace('cycle_', '')}_{sizes[-1]}_vs_{sizes[0]}"
+        expected = round(timed[-1]["median_ms"] / timed[0]["median_ms"], 2)
+        assert figures["ratios"][name] == expected, (name, figures["ratios"])
