@@ -20,7 +20,7 @@ from interlock.journal import TurnJournal
 from interlock.stores.failures import first_line, is_store_failure
 from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, TurnStartKind, session_lease
 from interlock.tools import brief
-from schemas import Snapshot, SnapshotStatus, TurnFailed, TurnRequest
+from schemas import ErrorInfo, Snapshot, SnapshotStatus, TurnFailed, TurnRequest
 
 from .decisions import unstorable
 from .holders import died_here
@@ -260,7 +260,12 @@ def _refuse(rt: Runtime, event: TurnFailed, *, owner: str | None = None, own: bo
             if journal.ended_in(conn, turn_id):
                 return False  # a copy of a turn that has had its answer: nothing to say
             event = event.model_copy(
-                update={"turn_id": None, "session_id": None, "last_snapshot_id": None}
+                update={
+                    "turn_id": None,
+                    "session_id": None,
+                    "last_snapshot_id": None,
+                    "error": _naming(event.error, turn_id),
+                }
             )
         elif turn_id is not None and not journal.refuse_in(
             conn, event.session_id, turn_id, event.error.model_dump(mode="json"), owner=owner
@@ -268,6 +273,16 @@ def _refuse(rt: Runtime, event: TurnFailed, *, owner: str | None = None, own: bo
             return False
         outbox.add(conn, event)
     return True
+
+
+def _naming(error: ErrorInfo, turn_id: str) -> ErrorInfo:
+    """`error`, its message naming `turn_id` where it does not yet: an event that
+    leaves the turn's ids out still tells its sender which task it answers."""
+    if repr(turn_id) in error.message:
+        return error
+    return error.model_copy(
+        update={"message": f"{error.message} (the task's turn_id: {turn_id!r})"}
+    )
 
 
 def _input_of(request: TurnRequest) -> AgentInput:

@@ -530,6 +530,31 @@ def test_a_resume_task_for_an_unknown_snapshot_is_not_found(
     assert _claim_of(rt, sid) is None, "the real pause is untouched"
 
 
+@pytest.mark.parametrize(
+    ("turn_id", "target", "status"),
+    [
+        ("session:forged", None, "PERMISSION_DENIED"),
+        ("resume:forged", None, "PERMISSION_DENIED"),
+        ("session:forged-2", "no-such-snapshot", "NOT_FOUND"),
+    ],
+)
+def test_a_refused_task_under_a_reserved_turn_id_is_named_in_its_refusal(
+    rt: Runtime, turn_id: str, target: str | None, status: str
+) -> None:
+    """A task under a turn id Interlock keeps for its own is answered with turn.failed
+    without the turn's ids (that turn, if it is a real one, has not had its answer), so
+    the message names the turn id the task gave: its sender can still tell which task
+    the refusal answers."""
+    sid, resume = _paused(rt, f"s-reserved-{turn_id}")
+    refused = run_turn(rt, _resume_task(turn_id, resume, target or sid))
+    assert refused["error"]["status"] == status, refused
+    [event] = [e for e in _failed_bodies(rt) if repr(turn_id) in e["error"]["message"]]
+    assert event["error"]["status"] == status, event
+    assert (event["turn_id"], event["session_id"], event["last_snapshot_id"]) == (None,) * 3
+    assert event["error"]["message"].endswith(f"(the task's turn_id: {turn_id!r})"), event
+    assert _claim_of(rt, sid) is None, "the pause is still to be answered"
+
+
 def _completed_children(rt: Runtime, session_id: str, sid: str) -> list[str]:
     return [
         s.snapshot_id
