@@ -23,6 +23,7 @@ _CONTENT_FIELDS = (
     "custom",
     "resource",
 )
+_CONTENT_SET = frozenset(_CONTENT_FIELDS)
 
 
 class Media(WireModel):
@@ -94,7 +95,7 @@ class Part(WireModel):
         values = self.__dict__
         count = 0
         for name in self.__pydantic_fields_set__:
-            if name != "metadata" and values[name] is not None:
+            if name in _CONTENT_SET and values[name] is not None:
                 count += 1
         if count != 1:
             present = [f for f in _CONTENT_FIELDS if values[f] is not None]

@@ -112,6 +112,20 @@ def test_part_exactly_one_on_the_wire() -> None:
         Part.model_validate({"metadata": {"x": 1}})
 
 
+def test_part_exactly_one_counts_only_the_content_fields_given() -> None:
+    """The check looks at the fields the input gave; null ones count as absent, and so
+    do fields that are no content (metadata, or a subclass's own)."""
+    assert Part.model_validate({"text": "a", "data": None, "metadata": {"k": 1}}).text == "a"
+    assert Part(text=None, data={"x": 1}).data == {"x": 1}
+
+    class Tagged(Part):
+        tag: str | None = None
+
+    assert Tagged.model_validate({"text": "a", "tag": "t"}).tag == "t"
+    with pytest.raises(ValidationError, match=r"got 0 \(none\)"):
+        Tagged.model_validate({"tag": "t", "text": None})
+
+
 def test_is_interrupt() -> None:
     req = ToolRequest(name="x", ref="1", input={})
     assert Part(tool_request=req, metadata={"interrupt": {"a": 1}}).is_interrupt()
