@@ -140,10 +140,14 @@ def _timed(cycle: Callable[[int], Any], repeat: int) -> dict[str, float]:
         t0 = time.perf_counter()
         cycle(i)
         times.append(time.perf_counter() - t0)
+    return _summary(times)
+
+
+def _summary(times: list[float]) -> dict[str, float]:
     return {
         "median_ms": round(statistics.median(times) * 1000, 3),
         "mean_ms": round(statistics.fmean(times) * 1000, 3),
-        "repeat": repeat,
+        "repeat": len(times),
     }
 
 
@@ -243,11 +247,7 @@ def _continued(
         finally:
             if isinstance(store, SqlSessionStore):
                 store.close()
-    return {
-        "median_ms": round(statistics.median(times) * 1000, 3),
-        "mean_ms": round(statistics.fmean(times) * 1000, 3),
-        "repeat": repeat,
-    }
+    return _summary(times)
 
 
 def _ratio(a: float, b: float) -> float | None:
