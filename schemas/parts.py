@@ -88,10 +88,9 @@ class Part(WireModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Part:
-        # Runs for every part parsed (a long history loads thousands): count the set
-        # fields without building a list first.
-        # Only the fields the input gave can be set: a part parsed from JSON names one
-        # or two (its content and metadata), so look at those alone.
+        # Runs for every part parsed (a long history loads thousands): count, without
+        # building a list, the content fields among those the input gave (a part parsed
+        # from JSON names one or two: its content and metadata); the rest are None.
         values = self.__dict__
         count = 0
         for name in self.__pydantic_fields_set__:

@@ -76,8 +76,7 @@ def check_task(rt: Runtime, request: TurnRequest) -> TaskCheck:
         return TaskCheck(StatusError(Status.NOT_FOUND, f"snapshot {snapshot_id} not found"))
     if claim is None:
         return _denied(f"{pause} is not claimed by this resume (it names no claim)")
-    accepted = record is not None and record.outcome == "accepted"
-    if record is None or not accepted:
+    if record is None or record.outcome != "accepted":
         return _denied(f"{pause} is not claimed by {claim!r}: no decision of that id was accepted")
     if given is None or snapshot is None or not _is_its_resume(record, snapshot, request, given):
         return _denied(
