@@ -25,6 +25,11 @@ as one ends; one connection reads the events and dispatches them by session id),
 interleaved rounds, after a warm-up.
 
     python -m bench.queue_cycle [--cycles N] [--rounds R] [--quick] [--pg | --store URL]
+                                [--pool prefork|threads|solo] [--concurrency N]
+
+The target is measured with prefork workers, `--pool prefork --concurrency 2`
+(the default). Another pool, or another concurrency, is a reference: both systems'
+workers run with it, the ratios are printed, and `targets` says `met: null`.
 
 Prints one JSON line: cycles/s, median and p99 ms per cycle for each system and
 in-flight level, ours divided by the baseline (ratios; goal >= 0.8) and by the
@@ -75,7 +80,10 @@ APP = "examples.banking:ai"
 AGENT = "bankingAgent"
 PROMPT = "Transfer $500 to savings"
 IN_FLIGHT = (1, 8)
+POOL = "prefork"
 CONCURRENCY = 2
+"""The target's workers: both systems' run `--pool prefork --concurrency 2`."""
+POOLS = ("prefork", "threads", "solo")
 EVENT_TIMEOUT = 60.0
 """Seconds one cycle may wait for its next event before the run fails."""
 
@@ -441,15 +449,27 @@ def _interlock_bin() -> str:
     return str(candidate)
 
 
+@dataclass(frozen=True)
+class Pool:
+    """How both systems' Celery workers run their tasks."""
+
+    kind: str = POOL
+    concurrency: int = CONCURRENCY
+
+    @property
+    def is_target(self) -> bool:
+        return (self.kind, self.concurrency) == (POOL, CONCURRENCY)
+
+
 def _start_ours(
-    procs: Processes, logs: Path, broker_url: str, store_url: str, loglevel: str
+    procs: Processes, logs: Path, broker_url: str, store_url: str, loglevel: str, pool: Pool
 ) -> list[Process]:
     common = ["--app", APP, "--broker", broker_url, "--store", store_url]
     worker = procs.start(
         "interlock worker",
         [
             _interlock_bin(), "worker", *common,
-            "--pool", "prefork", "--concurrency", str(CONCURRENCY), "--loglevel", loglevel,
+            "--pool", pool.kind, "--concurrency", str(pool.concurrency), "--loglevel", loglevel,
         ],
         logs / "interlock-worker.log",
         env=_child_env(),
@@ -465,12 +485,14 @@ def _start_ours(
     return [worker, consumer]
 
 
-def _start_baseline(procs: Processes, logs: Path, broker_url: str, loglevel: str) -> list[Process]:
+def _start_baseline(
+    procs: Processes, logs: Path, broker_url: str, loglevel: str, pool: Pool
+) -> list[Process]:
     worker = procs.start(
         "baseline celery worker",
         [
             sys.executable, "-m", "celery", "-A", "bench.queue_baseline:app", "worker",
-            "-Q", "bench.baseline.tasks", "-c", str(CONCURRENCY), "-P", "prefork",
+            "-Q", "bench.baseline.tasks", "-c", str(pool.concurrency), "-P", pool.kind,
             "-l", loglevel, "-n", f"baseline-{uuid.uuid4().hex[:8]}@%h",
             "--without-gossip", "--without-mingle",
         ],
@@ -526,6 +548,7 @@ def run(
     pg: bool = False,
     logs_dir: Path | None = None,
     loglevel: str = "INFO",
+    pool: Pool = Pool(),
     log: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     started_at = time.perf_counter()
@@ -549,8 +572,8 @@ def run(
         broker_url = redis_server(procs, tmp / "redis")
         log(f"redis-server at {broker_url}; store {_redact(store_url)}; logs in {logs}")
 
-        ours_procs = _start_ours(procs, logs, broker_url, store_url, loglevel)
-        base_procs = _start_baseline(procs, logs, broker_url, loglevel)
+        ours_procs = _start_ours(procs, logs, broker_url, store_url, loglevel, pool)
+        base_procs = _start_baseline(procs, logs, broker_url, loglevel, pool)
         ours_procs[0].wait_for(" ready.")
         ours_procs[1].wait_for("Connected to ")
         base_procs[0].wait_for(" ready.")
@@ -610,7 +633,7 @@ def run(
             "goal": f">= {TARGET}x",
             "ratio": ratio,
             "ratio_round_median": round_medians[label],
-            "met": None if ratio is None else ratio >= TARGET,
+            "met": None if ratio is None or not pool.is_target else ratio >= TARGET,
         }
     return {
         "benchmark": "queue_cycle",
@@ -620,7 +643,12 @@ def run(
         "in_flight": list(levels),
         "broker": "redis-server, private, --save '' --appendonly no",
         "store": {"kind": store_kind, "url": _redact(store_url).replace(str(tmp), "<tmp>")},
-        "workers": {"pool": "prefork", "concurrency": CONCURRENCY, "loglevel": loglevel},
+        "workers": {
+            "pool": pool.kind,
+            "concurrency": pool.concurrency,
+            "loglevel": loglevel,
+            "target_setting": pool.is_target,
+        },
         "results": results,
         "ratios": ratios,
         "ratios_round_median": round_medians,
@@ -670,6 +698,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--logs", type=Path, help="keep the processes' logs in this folder")
     parser.add_argument("--loglevel", default="INFO", help="the workers' log level")
+    parser.add_argument(
+        "--pool",
+        choices=POOLS,
+        default=POOL,
+        help=f"both systems' worker pool (default {POOL}, the target's; another is a reference)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=CONCURRENCY,
+        help=f"both systems' worker concurrency (default {CONCURRENCY}, the target's)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args(argv)
     if args.quick:
@@ -680,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--in-flight takes numbers, e.g. 1,8")
     if args.cycles < 1 or args.rounds < 1 or args.warmup < 0 or not levels or min(levels) < 1:
         parser.error("--cycles, --rounds and --in-flight must be positive, --warmup not negative")
+    if args.concurrency < 1:
+        parser.error("--concurrency must be positive")
 
     def log(text: str) -> None:
         if args.verbose:
@@ -698,6 +740,7 @@ def main(argv: list[str] | None = None) -> int:
             pg=args.pg,
             logs_dir=args.logs,
             loglevel=args.loglevel,
+            pool=Pool(args.pool, args.concurrency),
             log=log,
         )
     except StartError as exc:

@@ -16,19 +16,22 @@ ROOT = Path(__file__).resolve().parents[2]
 SYSTEMS = ("interlock", "celery_baseline", "celery_baseline_process")
 
 
-def test_a_smoke_run_measures_every_system_and_divides_by_the_right_one(tmp_path: Path) -> None:
-    cycles = 6
-    run = subprocess.run(
-        [
-            sys.executable, "-m", "bench.queue_cycle",
-            "--cycles", str(cycles), "--warmup", "2", "--rounds", "2", "--in-flight", "1,3",
-            "--logs", str(tmp_path / "logs"),
-        ],
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench.queue_cycle", *args],
         cwd=ROOT,
         env={k: v for k, v in os.environ.items() if not k.startswith("INTERLOCK_")},
         capture_output=True,
         text=True,
         timeout=300,
+    )
+
+
+def test_a_smoke_run_measures_every_system_and_divides_by_the_right_one(tmp_path: Path) -> None:
+    cycles = 6
+    run = _bench(
+        "--cycles", str(cycles), "--warmup", "2", "--rounds", "2", "--in-flight", "1,3",
+        "--logs", str(tmp_path / "logs"),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.strip().splitlines()
@@ -58,3 +61,36 @@ def test_a_smoke_run_measures_every_system_and_divides_by_the_right_one(tmp_path
         assert target["met"] is (target["ratio"] >= 0.8)
     logs = {p.name for p in (tmp_path / "logs").iterdir()}
     assert {"interlock-worker.log", "interlock-consumer.log", "baseline-worker.log"} <= logs
+    assert figures["workers"] == {
+        "pool": "prefork",
+        "concurrency": 2,
+        "loglevel": "INFO",
+        "target_setting": True,
+    }
+
+
+def test_another_pool_runs_both_workers_with_it_and_meets_no_target(tmp_path: Path) -> None:
+    """`--pool threads --concurrency 3`: a reference run. Both systems' workers start with
+    that pool (their logs' banners say so), and no target is called met or missed."""
+    run = _bench(
+        "--cycles", "2", "--warmup", "0", "--rounds", "1", "--in-flight", "2",
+        "--pool", "threads", "--concurrency", "3", "--logs", str(tmp_path / "logs"),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = json.loads(run.stdout)
+    assert figures["workers"]["pool"] == "threads", figures["workers"]
+    assert figures["workers"]["concurrency"] == 3, figures["workers"]
+    assert figures["workers"]["target_setting"] is False, figures["workers"]
+    target = figures["targets"]["in_flight_2"]
+    assert target["met"] is None, target
+    assert target["ratio"] == figures["ratios"]["in_flight_2"] > 0, target
+    for log in ("interlock-worker.log", "baseline-worker.log"):
+        banner = (tmp_path / "logs" / log).read_text()
+        assert "concurrency: 3 (thread)" in banner, (log, banner[-2000:])
+
+
+def test_a_bad_concurrency_is_refused_before_anything_starts() -> None:
+    run = _bench("--concurrency", "0")
+    assert run.returncode == 2, run.stderr
+    assert "--concurrency must be positive" in run.stderr, run.stderr
+    assert run.stdout == ""
