@@ -716,6 +716,31 @@ def test_max_turns_aborts_and_keeps_an_aborted_snapshot() -> None:
     assert store.list_snapshots(status=SnapshotStatus.COMPLETED) == []
 
 
+@pytest.mark.parametrize(
+    ("status", "kept"),
+    [(Status.ABORTED, SnapshotStatus.ABORTED), (Status.UNAVAILABLE, SnapshotStatus.FAILED)],
+)
+def test_a_failed_model_call_keeps_a_snapshot_named_by_its_status(
+    status: Status, kept: SnapshotStatus
+) -> None:
+    """A model error whose status is ABORTED (a provider's HTTP 409) keeps an `aborted`
+    snapshot, as `max_turns` does; any other keeps a `failed` one."""
+
+    def failing(request: Any) -> Any:
+        raise StatusError(status, "the provider said no")
+
+    kit = Kit()
+    store = InMemorySessionStore()
+    agent = kit.agent(failing, store=store)
+    with pytest.raises(StatusError) as info:
+        agent.run_text("hi")
+    assert info.value.status is status
+    [snapshot] = store.list_snapshots(status=kept)
+    assert info.value.snapshot_id == snapshot.snapshot_id
+    assert snapshot.finish_reason.value == kept.value
+    assert snapshot.error is not None and snapshot.error.status is status
+
+
 def test_max_turns_default_is_ten() -> None:
     kit = Kit()
     agent = kit.agent(lambda request: scripted.reply(scripted.tool_call("add", {"n": 1})))
