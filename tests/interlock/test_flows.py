@@ -737,7 +737,7 @@ def test_a_failed_model_call_keeps_a_snapshot_named_by_its_status(
     assert info.value.status is status
     [snapshot] = store.list_snapshots(status=kept)
     assert info.value.snapshot_id == snapshot.snapshot_id
-    assert snapshot.finish_reason.value == kept.value
+    assert snapshot.finish_reason is not None and snapshot.finish_reason.value == kept.value
     assert snapshot.error is not None and snapshot.error.status is status
 
 
