@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -240,6 +241,17 @@ def _declare_first(settings: Settings) -> None:
             raise StatusError(Status.FAILED_PRECONDITION, str(exc)) from exc
 
 
+_LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+"""The resume consumer's log lines, and those the worker prints before Celery logs."""
+
+
+def _log_line(name: str, level: int, message: str) -> str:
+    """`message` as a line of _LOG_FORMAT (a timestamp, the logger, the level), for what
+    is said before any logging is set up."""
+    record = logging.LogRecord(name, level, __file__, 0, message, None, None)
+    return logging.Formatter(_LOG_FORMAT).format(record)
+
+
 def _reach_broker(settings: Settings) -> None:
     """Connect once, with burst mode's few attempts (2, 4 and 6 s apart); a broker
     that never answers raises kombu's OperationalError, one that refuses the login or
@@ -252,9 +264,8 @@ def _reach_broker(settings: Settings) -> None:
             refusal = broker_refusal(exc)  # a wrong password is not waited out
             if refusal is not None:
                 raise StatusError(*refusal) from exc
-            click.echo(
-                f"cannot reach the broker ({exc}); trying again in {interval:.0f} s", err=True
-            )
+            said = f"cannot reach the broker ({exc}); trying again in {interval:.0f} s"
+            click.echo(_log_line("interlock.worker", logging.WARNING, said), err=True)
 
         conn.ensure_connection(
             retrying,
@@ -294,14 +305,12 @@ def resume_consumer(
 
     With --burst it handles the decisions queued, then exits once none has come for
     --idle seconds, printing how many it handled."""
-    import logging
-
     from ..app import create_app
     from ..burst import BURST_CONNECT_RETRIES, drain
     from ..consumer import ResumeConsumer, StopRequested
     from ..maintenance import Maintenance
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT)
     settings = shared_store(shared_broker(settings_of(app, broker, store, heartbeat_file)))
     celery_app = create_app(settings)
     consumer = ResumeConsumer(celery_app, heartbeat_file=settings.heartbeat_file)
