@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from events.decision_log import DecisionLog
 from events.expiry import expire_overdue
@@ -225,7 +225,12 @@ def test_resume_by_session_of_an_expired_pause_is_refused(
     with pytest.raises(ResumeValidationError) as info:
         agent.run(answer, session_id=session)
     assert info.value.status is Status.FAILED_PRECONDITION
-    expected = "is expired and cannot be resumed" if swept else "expired at"
+    deadline = any_store.get_snapshot(str(paused.snapshot_id))
+    assert deadline is not None and deadline.expires_at is not None
+    # the deadline as the events write it (RFC 3339, UTC, "Z"), as turn.interrupted gave it
+    at = TypeAdapter(datetime).dump_python(deadline.expires_at.astimezone(UTC), mode="json")
+    assert at.endswith("Z"), at
+    expected = "is expired and cannot be resumed" if swept else f"expired at {at} and cannot"
     assert str(paused.snapshot_id) in info.value.message
     assert expected in info.value.message, info.value.message
     with pytest.raises(ResumeValidationError) as checked:  # the queue's check says the same
