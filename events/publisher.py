@@ -14,7 +14,7 @@ from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 
-from schemas import Decision, EventBase
+from schemas import DeadLetter, Decision, EventBase
 
 from .topology import DECISIONS, DECISIONS_DEAD, EVENTS, all_queues
 
@@ -146,20 +146,21 @@ class Publisher:
         headers: dict[str, Any],
         *,
         queue: Queue = DECISIONS_DEAD,
-        **fields: Any,
+        **fields: str | None,
     ) -> None:
         """Keep an unreadable message on a dead-letter queue (by default
-        `interlock.decisions.dead`), with the reason; `fields` go into the envelope."""
+        `interlock.decisions.dead`), with the reason, as a `DeadLetter`; `fields` are
+        its optional ids (`decision_id`, `event_id`, `turn_id`, `content_type`, ...)."""
         assert queue.exchange is not None
-        envelope = {
-            "reason": reason,
-            "headers": {str(k): _json_value(v) for k, v in headers.items()},
+        letter = DeadLetter(
+            reason=reason,
+            headers={str(k): _json_value(v) for k, v in headers.items()},
             **fields,
-            "body": body.decode("utf-8", errors="replace"),
-            "body_base64": base64.b64encode(body).decode(),
-        }
+            body=body.decode("utf-8", errors="replace"),
+            body_base64=base64.b64encode(body).decode(),
+        )
         self._publish(
-            json.dumps(envelope),
+            letter.to_wire(),
             queue.exchange,
             queue.routing_key,
             headers={"x-reason": reason[:500]},

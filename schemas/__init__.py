@@ -10,6 +10,7 @@ from .agent import (
     ToolResume,
     TurnEnd,
 )
+from .dead_letters import DeadLetter
 from .decisions import (
     MAX_DECISION_BYTES,
     Decision,
@@ -44,6 +45,7 @@ __all__ = [
     "AgentChunk",
     "AgentInput",
     "AgentOutput",
+    "DeadLetter",
     "Decision",
     "DecisionAccepted",
     "DecisionRejected",

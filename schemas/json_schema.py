@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from .agent import AgentInput
+from .dead_letters import DeadLetter
 from .decisions import Decision, TurnRequest
 from .events import (
     DecisionAccepted,
@@ -30,6 +31,7 @@ MESSAGES: dict[str, type[BaseModel]] = {
     "decision.accepted": DecisionAccepted,
     "decision.rejected": DecisionRejected,
     "run_turn": TurnRequest,
+    "dead_letter": DeadLetter,
 }
 
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import jsonschema
 import pytest
 from kombu.connection import Connection
 from kombu.entity import Queue
@@ -92,6 +93,8 @@ AGENT = "bankingAgent"
 SECRET = "queue-e2e-secret"
 EVENT_TIMEOUT = 30.0
 """Seconds to wait for one hop (an event, an outcome). Generous: a hop takes ~0.1 s."""
+SCHEMAS = Path(__file__).resolve().parents[1] / "docs" / "schemas"
+"""The JSON Schemas a reader of the queues is given (docs/queues.md)."""
 
 READY_TIMEOUT = 60.0
 
@@ -611,10 +614,12 @@ def put_on_turns(stack: Any, body: bytes, content_type: str, headers: dict[str, 
 
 class QueueReader:
     """Reads one queue of the topology as raw JSON (a dashboard in another language
-    would do just this). Every message read is acked; `wait` returns the first one
-    that matches, keeping the others in `seen`."""
+    would do just this). Every message read is acked, and checked against `schema` (a
+    file of docs/schemas) when one is given; `wait` returns the first one that matches,
+    keeping the others in `seen`."""
 
-    def __init__(self, broker_url: str, queue: Queue) -> None:
+    def __init__(self, broker_url: str, queue: Queue, schema: str | None = None) -> None:
+        self.schema = json.loads((SCHEMAS / schema).read_text()) if schema else None
         self.conn = Connection(broker_url)
         self.conn.ensure_connection(max_retries=3)
         self.seen: list[tuple[dict[str, Any], dict[str, Any], str | None]] = []
@@ -627,8 +632,11 @@ class QueueReader:
     def _on_message(self, message: KombuMessage) -> None:
         body = message.body
         text = body.decode() if isinstance(body, bytes) else body
-        self.seen.append((json.loads(text), dict(message.headers or {}), message.content_type))
+        value = json.loads(text)
+        self.seen.append((value, dict(message.headers or {}), message.content_type))
         message.ack()
+        if self.schema is not None:
+            jsonschema.validate(value, self.schema)
 
     def wait(
         self, match: Callable[[dict[str, Any]], bool], what: str, timeout: float = EVENT_TIMEOUT
@@ -655,15 +663,15 @@ class QueueReader:
 
 
 def interrupted_reader(broker_url: str) -> QueueReader:
-    return QueueReader(broker_url, INTERRUPTED)
+    return QueueReader(broker_url, INTERRUPTED, schema="turn.interrupted.schema.json")
 
 
 def dead_reader(broker_url: str) -> QueueReader:
-    return QueueReader(broker_url, DECISIONS_DEAD)
+    return QueueReader(broker_url, DECISIONS_DEAD, schema="dead_letter.schema.json")
 
 
 def dead_turns_reader(broker_url: str) -> QueueReader:
-    return QueueReader(broker_url, TURNS_DEAD)
+    return QueueReader(broker_url, TURNS_DEAD, schema="dead_letter.schema.json")
 
 
 def stream_queue(conn: Connection, pattern: str) -> EventStream:

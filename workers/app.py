@@ -164,7 +164,11 @@ def _keep_dead(
     turn_id = _turn_id(args, kwargs)
     try:
         runtime.publisher.dead_letter(
-            body, reason[:2000], {"task": RUN_TURN}, queue=TURNS_DEAD, turn_id=turn_id
+            body,
+            reason[:2000],
+            {"task": RUN_TURN},
+            queue=TURNS_DEAD,
+            turn_id=turn_id if isinstance(turn_id, str) else None,
         )
     except Exception as failed:  # the broker is away too: leave the task on its queue
         raise Reject(failed, requeue=True) from exc

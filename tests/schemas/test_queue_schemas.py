@@ -316,3 +316,44 @@ def test_a_bad_entry_is_said_by_the_form_it_was_meant_as(
     failure = parse_decision(json.dumps({**body, **lists}), "application/json")
     assert isinstance(failure, ParseFailure)
     assert failure.reason == f"decision does not match the schema: {reason}"
+
+
+def test_a_dead_letter_carries_its_version_and_only_the_fields_given() -> None:
+    """Kept decisions name a decision_id (null when none could be read) and an event_id;
+    kept tasks name their content type instead: each leaves out what does not apply,
+    and every one carries `schema_version`, as the schema requires."""
+    from schemas import DeadLetter
+
+    schema = load("dead_letter.schema.json")
+    decision = json.loads(
+        DeadLetter(
+            reason="r", headers={}, decision_id=None, event_id="e", body="x", body_base64="eA=="
+        ).to_wire()
+    )
+    assert decision == {
+        "schema_version": 1,
+        "reason": "r",
+        "headers": {},
+        "decision_id": None,
+        "event_id": "e",
+        "body": "x",
+        "body_base64": "eA==",
+    }
+    task = json.loads(
+        DeadLetter(
+            reason="r", headers={"a": 1}, content_type="application/json", body="", body_base64=""
+        ).to_wire()
+    )
+    assert set(task) == {
+        "schema_version",
+        "reason",
+        "headers",
+        "content_type",
+        "body",
+        "body_base64",
+    }
+    for letter in (decision, task):
+        jsonschema.validate(letter, schema)
+        without = {k: v for k, v in letter.items() if k != "schema_version"}
+        with pytest.raises(jsonschema.ValidationError, match="schema_version"):
+            jsonschema.validate(without, schema)

@@ -654,6 +654,7 @@ def test_a_turn_whose_store_fails_at_every_try_is_kept_on_the_dead_letter_queue(
     assert ran.result["turn_id"] == request["turn_id"], ran.result
     assert "file is not a database" in ran.result["dead_lettered"]
     envelope = _dead_letter(batch)
+    assert envelope["schema_version"] == 1, envelope
     assert envelope["turn_id"] == request["turn_id"]
     assert envelope["reason"].startswith(
         f"the store or broker failed {STORE_RETRIES + 1} times: DatabaseError: file is not a"

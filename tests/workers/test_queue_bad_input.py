@@ -309,8 +309,10 @@ def unreadable(
     assert wire["decision_id"] is None
     assert wire["error"]["status"] == "INVALID_ARGUMENT"
     assert reason in wire["error"]["message"]
-    # the dead letter names the rejection that announced it (and no decision id)
+    # the dead letter names the rejection that announced it (and no decision id), and
+    # carries its schema_version as every message of the queues does
     assert (envelope["decision_id"], envelope["event_id"]) == (None, wire["event_id"]), envelope
+    assert envelope["schema_version"] == 1, envelope
     return wire, envelope, dead_headers, dead_type
 
 

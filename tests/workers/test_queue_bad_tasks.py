@@ -59,6 +59,7 @@ def kept(
     finally:
         dead.close()
     assert dead_type == "application/json"
+    assert envelope["schema_version"] == 1, envelope
     assert base64.b64decode(envelope["body_base64"]) == body, "the bytes as they were sent"
     assert envelope["content_type"] == content_type
     assert dead_headers.get("x-reason") == envelope["reason"][:500]
