@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import ConfigDict
@@ -38,5 +39,8 @@ class DeadLetter(Envelope):
     body_base64: str
 
     def to_wire(self) -> str:
-        """The JSON text: `schema_version` always, other fields as they were given."""
-        return self.model_dump_json(include={"schema_version"} | self.model_fields_set)
+        """The JSON text: `schema_version` always, other fields as they were given. ASCII
+        with escapes: what a dead letter quotes may hold text no encoder takes (a lone
+        surrogate), and it must still be kept."""
+        fields = {"schema_version"} | self.model_fields_set
+        return json.dumps(self.model_dump(mode="json", include=fields))

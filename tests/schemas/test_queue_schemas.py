@@ -357,3 +357,26 @@ def test_a_dead_letter_carries_its_version_and_only_the_fields_given() -> None:
         without = {k: v for k, v in letter.items() if k != "schema_version"}
         with pytest.raises(jsonschema.ValidationError, match="schema_version"):
             jsonschema.validate(without, schema)
+
+
+def test_a_dead_letter_keeps_text_no_encoder_takes() -> None:
+    """What a dead letter quotes (the reason, a header, an id read from the message) may
+    hold a lone surrogate, which a UTF-8 encoder refuses: it is written escaped, and the
+    letter is kept."""
+    from schemas import DeadLetter
+
+    letter = DeadLetter(
+        reason="bad text: \ud800",
+        headers={"x": "\udfff"},
+        decision_id="d-\ud800",
+        body="?",
+        body_base64="Pw==",
+    )
+    wire = letter.to_wire()
+    assert wire.isascii(), wire
+    back = json.loads(wire)
+    assert (back["reason"], back["headers"]["x"], back["decision_id"]) == (
+        "bad text: \ud800",
+        "\udfff",
+        "d-\ud800",
+    )
