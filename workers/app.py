@@ -42,6 +42,9 @@ def delivery_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_retry": True,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
+        # A broker that refuses a command (Redis out of memory or read-only) is waited
+        # out as one that went away, not a reason for the worker to stop.
+        "broker_channel_error_retry": True,
         "broker_transport_options": settings.transport_options,
         "worker_hijack_root_logger": False,
         "worker_send_task_events": False,

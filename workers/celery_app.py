@@ -37,8 +37,9 @@ def _graceful_ctrl_c() -> None:
 _graceful_ctrl_c()
 app = create_app(Settings.from_env())
 app.steps["consumer"].add(WorkerHeartbeat)  # INTERLOCK_HEARTBEAT_FILE, if set
-if burst_idle() is not None:  # a batch job: give up on a broker that is not there
+if burst_idle() is not None:  # a batch job: give up on a broker that is not there,
     app.conf.broker_connection_max_retries = BURST_CONNECT_RETRIES
+    app.conf.broker_channel_error_retry = False  # or that refuses its commands
 
 log = logging.getLogger("interlock.worker")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from kombu.connection import Connection
 from kombu.messaging import Producer
 
@@ -214,6 +215,53 @@ def test_a_burst_worker_with_no_broker_exits_unavailable(tmp_path: Path) -> None
         assert re.match(stamp + r"interlock\.worker WARNING cannot reach the broker \(", line), line
     assert "Traceback" not in result.stderr + result.stdout, result.describe()
     assert result.stdout == "", "it never started"
+
+
+@pytest.mark.parametrize(
+    ("command", "ready", "logger"),
+    [
+        ("worker", " ready.", "interlock.worker"),
+        ("resume-consumer", "consuming interlock.decisions", "interlock.consumer"),
+    ],
+)
+def test_a_broker_out_of_memory_at_start_ends_a_burst_and_is_waited_out_when_served(
+    batch: Batch, tmp_path: Path, command: str, ready: str, logger: str
+) -> None:
+    """Redis at its `maxmemory` refuses Interlock's declarations (commands that may add
+    data). A batch job (--burst) ends at once in one line, UNAVAILABLE, where a
+    traceback used to end it; a served process says so in one log line, starts, and
+    serves once Redis has room."""
+    client = redis.Redis(host="127.0.0.1", port=batch.server.port)
+    extra = ["--pool", "solo"] if command == "worker" else []
+    served = None
+    try:
+        client.config_set("maxmemory", 1)
+        result = run_cli(command, "--burst", "--idle", "1", *extra, *batch.flags)
+        assert result.returncode == 1, result.describe()
+        last = result.stderr.splitlines()[-1]
+        assert last.startswith(
+            "error: UNAVAILABLE: the broker refuses Interlock's declarations: "
+        ), result.describe()
+        assert "maxmemory" in last, last
+        assert "Traceback" not in result.stderr + result.stdout, result.describe()
+        assert result.stdout == "", "it never started"
+
+        served = Service(command, [command, *extra, *batch.flags], tmp_path / f"{command}.log")
+        served.wait_for("the broker refuses Interlock's declarations")
+        said = next(
+            line
+            for line in served.output().splitlines()
+            if "the broker refuses Interlock's declarations" in line
+        )
+        assert f" {logger} WARNING the broker refuses" in said, said
+        assert served.alive, served.tail()
+        client.config_set("maxmemory", 0)
+        served.wait_for(ready)
+    finally:
+        client.config_set("maxmemory", 0)
+        client.close()
+        if served is not None:
+            served.stop()
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,7 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 import pytest
+import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kombu.connection import Connection
@@ -724,6 +725,43 @@ def test_redis_restarted_mid_batch(
         assert db.attempts(turn.tag) == 1
         assert db.effects(turn.tag) == 1
     db.wait(lambda: db.unsent() == 0, "an empty outbox", RECOVERY)
+
+
+@pytest.mark.slow
+def test_redis_out_of_memory_holds_the_services_until_it_has_room(
+    stack: FaultStack, dash: FaultDashboard, submit: Submitter, db: Ledger
+) -> None:
+    """Redis at its `maxmemory` (with the default `noeviction`) refuses every command that
+    may add data, the worker's and the consumer's reads among them. Neither process
+    stops: each logs the refusal and tries again, as for a broker that went away, and
+    once Redis has room the paused turns are answered and complete, once each."""
+    turns = [submit(approval=True) for _ in range(3)]
+    paused = {t.session_id: dash.pause_of(t) for t in turns}
+    worker, consumer = stack.worker, stack.consumer
+    said = {s.name: len(s.output()) for s in (worker, consumer)}
+    client = redis.Redis(host="127.0.0.1", port=stack.redis.port)
+    try:
+        client.config_set("maxmemory", 1)  # below what Redis uses already: full
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.lpush("test:probe", "x")
+        time.sleep(4.0)  # each process waits on its queue for at most a second at a time
+        for service in (worker, consumer):
+            assert "OutOfMemoryError" in service.output()[said[service.name] :], service.tail()
+        stack.check_alive()
+    finally:
+        client.config_set("maxmemory", 0)
+        client.close()
+    decisions = []
+    for turn in turns:
+        body = paused[turn.session_id].approve()
+        decisions.append(body["decision_id"])
+        dash.publish_reliably(body)
+    tally = account(dash, db, turns, decisions, timeout=RECOVERY)
+    assert set(tally.outcomes.values()) == {"decision.accepted"}
+    for turn in turns:
+        assert tally.final[turn.session_id].status == "completed"
+        assert db.effects(turn.tag) == 1
+    stack.check_alive()
 
 
 def test_events_published_across_a_reconnect_reach_pattern_queues(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import click
 
 from events.outbox import RETENTION
 from interlock import Status, StatusError
+from interlock.stores.failures import first_line as one_line
 
 from ..settings import Settings, redact_url
 from .base import (
@@ -153,7 +154,7 @@ def worker(
     if burst:  # a batch job: no broker or store, one line (UNAVAILABLE), turns kept queued
         _reach_broker(settings)
     _check_store(settings.store_url, burst, "worker")
-    _declare_first(settings)
+    _declare_first(settings, burst, "interlock.worker")
     emit(
         {
             "worker": "starting",
@@ -218,13 +219,15 @@ def _check_heartbeat(settings: Settings) -> None:
             )
 
 
-def _declare_first(settings: Settings) -> None:
+def _declare_first(settings: Settings, burst: bool, logger: str) -> None:
     """Declare the protocol's exchanges and queues before Celery starts, where the
     broker answers: one it holds declared otherwise ends the command here
     (FAILED_PRECONDITION), not a worker that runs and can publish no event. A broker
     that does not answer yet is left to Celery, which waits for it (and the worker
     declares them once ready); one that refuses the login or the vhost ends the command
-    (UNAUTHENTICATED, PERMISSION_DENIED)."""
+    (UNAUTHENTICATED, PERMISSION_DENIED). One that answers and refuses the declarations
+    for now (Redis out of memory or read-only) is waited for as well, said in one
+    line; in burst mode it ends the command (UNAVAILABLE)."""
     from events.publisher import TopologyConflict, declare
 
     with settings.connection() as conn:
@@ -239,6 +242,15 @@ def _declare_first(settings: Settings) -> None:
             declare(conn)
         except TopologyConflict as exc:
             raise StatusError(Status.FAILED_PRECONDITION, str(exc)) from exc
+        except (*conn.connection_errors, *conn.channel_errors) as exc:
+            refusal = broker_refusal(exc)
+            if refusal is not None:
+                raise StatusError(*refusal) from exc
+            said = f"the broker refuses Interlock's declarations: {one_line(exc).rstrip('.')}"
+            if burst:  # a batch job does not wait for the operator
+                raise StatusError(Status.UNAVAILABLE, said) from exc
+            line = f"{said}; starting, to try again until it takes them"
+            click.echo(_log_line(logger, logging.WARNING, line), err=True)
 
 
 _LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -318,7 +330,7 @@ def resume_consumer(
     rt.registry  # noqa: B018 - fail early on a bad --app
     _check_heartbeat(settings)
     _check_store(settings.store_url, burst, "resume consumer")
-    _declare_first(settings)
+    _declare_first(settings, burst, "interlock.consumer")
     maintenance = Maintenance(rt)
     maintenance.start(settings.relay_interval)  # at start-up, then periodically
 
