@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
+import statistics
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,6 +23,7 @@ __all__ = [
     "PROMPT",
     "approval_decision",
     "banking_agent",
+    "disk_flush_ms",
     "emit",
     "interlock_cycle",
     "percentile",
@@ -158,3 +162,28 @@ def approval_decision(interrupted: dict[str, Any]) -> dict[str, Any]:
             for i in interrupted["interrupts"]
         ],
     }
+
+
+def disk_flush_ms(folder: Path, samples: int = 50) -> float:
+    """The median time, in ms, the disk under `folder` takes to flush what a durable
+    SQLite commit of our cycle appends to its WAL (nine frames of a 4 kB page, about 37
+    kB; `fdatasync`), a millisecond after the flush before it, as a cycle's commits
+    come: a gauge of the machine's disk, whose flush time varies from one VM to the
+    next, and in time (on some virtual disks a flush right after another is many times
+    faster than one after a pause)."""
+    path = folder / f"flush-gauge-{uuid.uuid4().hex}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    frame = b"\0" * (4096 + 24)
+    try:
+        waits = []
+        for i in range(samples):
+            time.sleep(0.001)
+            for k in range(9):
+                os.pwrite(fd, frame, ((i % 16) * 9 + k) * len(frame))
+            start = time.perf_counter()
+            os.fdatasync(fd)
+            waits.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return round(statistics.median(waits) * 1000, 3)

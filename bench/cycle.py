@@ -32,7 +32,15 @@ from typing import Any
 from interlock import Agent, InMemorySessionStore, SqlSessionStore
 
 from . import peers
-from ._common import banking_agent, emit, git_state, interlock_cycle, summarize, versions
+from ._common import (
+    banking_agent,
+    disk_flush_ms,
+    emit,
+    git_state,
+    interlock_cycle,
+    summarize,
+    versions,
+)
 
 __all__ = ["main", "run"]
 
@@ -106,6 +114,7 @@ def run(cycles: int, warmup: int, rounds: int) -> dict[str, Any]:
     missing: list[str] = []
     with tempfile.TemporaryDirectory(prefix="interlock-bench-") as tmp_name:
         tmp = Path(tmp_name)
+        flush_before = disk_flush_ms(tmp)
         systems = _ours(tmp)
         for build in PEERS:
             try:
@@ -118,6 +127,7 @@ def run(cycles: int, warmup: int, rounds: int) -> dict[str, Any]:
         finally:
             for system in systems:
                 system.close()
+        flush_after = disk_flush_ms(tmp)
 
     measured = {s.name: s for s in systems}
     results: dict[str, Any] = {}
@@ -162,7 +172,13 @@ def run(cycles: int, warmup: int, rounds: int) -> dict[str, Any]:
         "notes": notes,
         "git": git_state(),
         "versions": versions(),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            # a durable commit waits for this; the ratios to Pydantic AI (which writes
+            # nothing) move with it
+            "disk_flush_ms": {"before": flush_before, "after": flush_after},
+        },
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
 
