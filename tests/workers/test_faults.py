@@ -27,6 +27,7 @@ here loses nothing; tests/events/test_redis_pop.py kills a reader at the worst i
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -744,9 +745,13 @@ def test_redis_out_of_memory_holds_the_services_until_it_has_room(
         client.config_set("maxmemory", 1)  # below what Redis uses already: full
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             client.lpush("test:probe", "x")
-        time.sleep(4.0)  # each process waits on its queue for at most a second at a time
-        for service in (worker, consumer):
-            assert "OutOfMemoryError" in service.output()[said[service.name] :], service.tail()
+
+        def refused(service: Service) -> bool:
+            return "OutOfMemoryError" in service.output()[said[service.name] :]
+
+        for service in (worker, consumer):  # each waits on its queue a second at a time
+            eventually(functools.partial(refused, service), f"{service.name} refused", HOP)
+        time.sleep(3.0)  # refused again and again meanwhile: still there
         stack.check_alive()
     finally:
         client.config_set("maxmemory", 0)
