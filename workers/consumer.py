@@ -13,7 +13,7 @@ from celery import Celery
 from kombu.connection import Connection
 from kombu.message import Message as KombuMessage
 from kombu.messaging import Consumer
-from kombu.mixins import ConsumerMixin
+from kombu.mixins import W_CONN_LOST, ConsumerMixin
 from sqlalchemy.exc import DataError, IntegrityError
 
 from events.compression import bound_decompression
@@ -22,6 +22,7 @@ from events.publisher import TopologyConflict, declare
 from events.redis_transport import UNREADABLE
 from events.topology import DECISIONS, DECISIONS_DEAD
 from interlock import StatusError
+from interlock.stores.failures import first_line
 from schemas import (
     MAX_DECISION_BYTES,
     Decision,
@@ -51,6 +52,23 @@ __all__ = ["EnqueueError", "ResumeConsumer", "StopRequested"]
 log = logging.getLogger("interlock.consumer")
 
 _CONTENT_ERRORS = (ValueError, TypeError, LookupError, RecursionError, DataError)
+
+
+class _LostInOneLine(logging.Filter):
+    """kombu logs "Connection to broker lost" with a traceback each time the broker
+    drops or refuses the consumer, once a second while Redis is out of memory, say: one
+    line that names the error instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.msg == W_CONN_LOST and exc is not None:
+            record.msg = "connection to the broker lost (%s: %s); connecting again"
+            record.args = (type(exc).__name__, first_line(exc))
+            record.exc_info = record.exc_text = None
+        return True
+
+
+_LOST_IN_ONE_LINE = _LostInOneLine()
 """Errors a decision's content can cause (the database refusing a value included);
 retrying the message cannot help. Any other error is taken for a failing store or broker."""
 
@@ -93,6 +111,9 @@ class ResumeConsumer(ConsumerMixin):
         self.gave_up: Exception | None = None
         # kombu inflates a compressed body before any check here: never past the limit.
         bound_decompression(MAX_DECISION_BYTES)
+        kombu_log = logging.getLogger("kombu.mixins")
+        if _LOST_IN_ONE_LINE not in kombu_log.filters:
+            kombu_log.addFilter(_LOST_IN_ONE_LINE)
 
     def get_consumers(self, consumer_cls: Callable[..., Consumer], channel: Any) -> list[Consumer]:
         # Declared before any event is published, so a dashboard can bind its own

@@ -753,6 +753,9 @@ def test_redis_out_of_memory_holds_the_services_until_it_has_room(
             eventually(functools.partial(refused, service), f"{service.name} refused", HOP)
         time.sleep(3.0)  # refused again and again meanwhile: still there
         stack.check_alive()
+        told = consumer.output()[said[consumer.name] :]  # a line a refusal, no traceback
+        assert "connection to the broker lost (OutOfMemoryError: " in told, told[-3000:]
+        assert "Traceback" not in told, told[-3000:]
     finally:
         client.config_set("maxmemory", 0)
         client.close()
