@@ -218,13 +218,21 @@ def check_store_url(url: str) -> None:
     try:
         parsed = make_url(url)
         backend = parsed.get_backend_name()
-        if backend in STORE_BACKENDS:
-            parsed.get_dialect()
+        dialect = parsed.get_dialect() if backend in STORE_BACKENDS else None
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise StatusError(
             Status.INVALID_ARGUMENT,
             f"store URL {redact_url(url)!r} is not a database URL SQLAlchemy can use ({exc}): "
             + use,
+        ) from None
+    try:
+        if dialect is not None:
+            dialect.import_dbapi()  # the driver the URL names (psycopg2, asyncpg, ...)
+    except ImportError as exc:
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"store URL {redact_url(url)!r} names the driver {parsed.get_driver_name()!r}, "
+            f"which is not installed ({exc}): {use}",
         ) from None
     if backend == "postgres":  # the short scheme of libpq and Heroku; SQLAlchemy has none
         raise StatusError(

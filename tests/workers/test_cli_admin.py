@@ -648,3 +648,68 @@ def test_decide_and_resend_name_the_store_where_a_snapshot_is_not(tmp_path: Path
             f"error: NOT_FOUND: snapshot nosuch not found in the store at {url} "
             "(check --store or INTERLOCK_STORE_URL)"
         ), ran.describe()
+
+
+def test_a_store_url_naming_a_driver_not_installed_is_one_line(tmp_path: Path) -> None:
+    """`postgresql+psycopg2://` is the spelling most guides give; with psycopg (3)
+    installed and psycopg2 not, each command said so in a traceback (and `health` as
+    UNAVAILABLE). The URL is wrong, not the server: INVALID_ARGUMENT, before anything
+    connects."""
+    import importlib.util
+
+    absent = [d for d in ("psycopg2", "pg8000", "asyncpg") if importlib.util.find_spec(d) is None]
+    assert absent, "every driver is installed: nothing to show"
+    for driver in absent[:2]:
+        url = f"postgresql+{driver}://postgres@127.0.0.1:1/nowhere"
+        said = (
+            f"error: INVALID_ARGUMENT: store URL '{url}' names the driver '{driver}', which "
+            f"is not installed (No module named '{driver}'): use sqlite:///interlock.db or "
+            "postgresql+psycopg://USER@HOST/DB"
+        )
+        for args in (["pending"], ["migrate"], ["health", "--broker", "redis://127.0.0.1:1/0"]):
+            result = run_cli(*args, "--store", url, cwd=tmp_path)
+            assert result.returncode == 1, result.describe()
+            assert result.stderr.strip() == said, result.describe()
+            assert result.stdout == "", result.describe()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_redis_database_the_server_lacks_is_a_wrong_url_not_an_outage(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Redis has databases 0 to 15 by default: /99 reaches the server, which refuses the
+    database. That is the URL's fault (INVALID_ARGUMENT), not a broker that is down
+    (UNAVAILABLE, which a script would wait out)."""
+    base = redis_url.rsplit("/", 1)[0]
+    broker = ["--broker", f"{base}/99", "--store", f"sqlite:///{tmp_path / 's.db'}"]
+    said = "INVALID_ARGUMENT: the broker has no such database: DB index is out of range; "
+    app = ["--app", "examples.banking:ai"]
+    submit = run_cli("submit", "--agent", "bankingAgent", "--text", "hi", *app, *broker)
+    assert submit.returncode == 1, submit.describe()
+    assert submit.stderr.strip().startswith(f"error: {said}"), submit.describe()
+    health = run_cli("health", *broker)
+    assert health.returncode == 1, health.describe()
+    assert f'"broker": "error: {said}' in health.stdout, health.describe()
+    assert "Traceback" not in submit.stderr + health.stderr
+
+
+def test_schemas_to_a_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    """`--out` under a file (or anywhere not writable) was a traceback; `--check` of a
+    folder where a schema's name is a folder reports it out of date."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    result = run_cli("schemas", "--out", str(blocker / "schemas"))
+    assert result.returncode == 1, result.describe()
+    assert result.stderr.strip() == (
+        f"error: INVALID_ARGUMENT: cannot write the schemas to {blocker / 'schemas'}: "
+        f"Not a directory ({blocker / 'schemas'}); check --out"
+    ), result.describe()
+    out = tmp_path / "out"
+    assert run_cli("schemas", "--out", str(out)).returncode == 0
+    (out / "decision.schema.json").unlink()
+    (out / "decision.schema.json").mkdir()
+    checked = run_cli("schemas", "--check", "--out", str(out))
+    assert checked.returncode == 1, checked.describe()
+    assert checked.stderr.startswith("error: FAILED_PRECONDITION: schemas are out of date")
+    assert str(out / "decision.schema.json") in checked.stderr, checked.describe()
+    assert "Traceback" not in checked.stderr

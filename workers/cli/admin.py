@@ -266,11 +266,21 @@ def schemas(out_dir: str, check: bool) -> None:
         if check and not path.exists():
             missing.append(str(path))
         elif check:
-            if path.read_text() != text:
+            try:
+                current: str | None = path.read_text()
+            except (OSError, UnicodeDecodeError):  # a folder, unreadable, not text
+                current = None
+            if current != text:
                 stale.append(str(path))
         else:
-            folder.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+            except OSError as exc:
+                fail(
+                    f"{Status.INVALID_ARGUMENT.value}: cannot write the schemas to {folder}: "
+                    f"{exc.strerror or exc} ({exc.filename or path}); check --out"
+                )
     if missing:
         fail(
             f"{Status.NOT_FOUND.value}: no schema files in {folder} (run `make schemas`): "

@@ -109,9 +109,10 @@ _AMQP_METHOD = re.compile(r"^\(\d+, \d+\): ")
 
 def broker_refusal(exc: BaseException) -> tuple[Status, str] | None:
     """The status and line of a broker that answered and refused us (a wrong user or
-    password, a vhost that does not exist or that the user may not use), found along
-    `exc`'s causes; None for anything else. Trying again cannot help: the operator must
-    fix the URL or the broker's users."""
+    password, a vhost that does not exist or that the user may not use, a Redis
+    database number the server does not have), found along `exc`'s causes; None for
+    anything else. Trying again cannot help: the operator must fix the URL or the
+    broker's users."""
     from amqp.exceptions import AccessRefused, NotAllowed
     from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissionError
 
@@ -131,6 +132,12 @@ def broker_refusal(exc: BaseException) -> tuple[Status, str] | None:
             return Status.PERMISSION_DENIED, (
                 f"the broker refused access: {said}; check the vhost (or database) of "
                 "--broker or INTERLOCK_BROKER_URL and the user's permissions there"
+            )
+        if "DB index is out of range" in said:
+            return Status.INVALID_ARGUMENT, (
+                f"the broker has no such database: {said}; check the number that ends "
+                "--broker or INTERLOCK_BROKER_URL (Redis has 16, 0 to 15, unless its "
+                "`databases` setting says otherwise)"
             )
         seen = seen.__cause__ or seen.__context__
     return None
