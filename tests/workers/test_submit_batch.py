@@ -329,6 +329,40 @@ def test_wait_deletes_its_queue_and_binding_on_an_error_or_a_signal(
     assert cli_queues(server) == []
 
 
+def test_a_stopped_decide_wait_says_the_decision_was_sent(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """No resume consumer: `decide --wait` waits for an outcome that does not come. A
+    stop (SIGTERM) says that the decision went out, as `submit --wait` says of its turn,
+    and leaves no queue of its own behind."""
+    text = "Transfer $5 to savings"
+    proc = spawn("submit", *flags(server, tmp_path), "--agent", AGENT, "--text", text, "--wait")
+    assert proc.stdout is not None
+    assert b'"turn_id"' in proc.stdout.readline()
+    ran = run_cli("worker", "--burst", "--pool", "solo", *flags(server, tmp_path))
+    assert ran.returncode == 0, ran.describe()
+    out, err = finish(proc)
+    paused = json_lines(out)[-1]
+    assert paused["type"] == "turn.interrupted", out + err
+    decide = spawn(
+        "decide", paused["snapshot_id"], "--token", paused["resume_token"], "--approve",
+        "--wait", *flags(server, tmp_path),
+    )  # fmt: skip
+    assert decide.stdout is not None and decide.stderr is not None
+    sent = json.loads(decide.stdout.readline())
+    assert b"waiting for the outcome of decision" in decide.stderr.readline()
+    decide.send_signal(signal.SIGTERM)
+    _, err = finish(decide)
+    assert decide.returncode == 143, err
+    assert err.splitlines()[-1] == "terminated", err
+    assert (
+        f"the wait for the outcome of decision {sent['decision_id']} stopped; the decision "
+        "was sent, and the resume consumer decides it"
+    ) in err, err
+    assert client(server).llen("interlock.decisions") == 1, "the decision waits, queued"
+    assert cli_queues(server) == []
+
+
 def test_sigterm_part_way_through_a_batch_says_how_far_it_got_and_deletes_the_queue(
     server: RedisServer, tmp_path: Path
 ) -> None:

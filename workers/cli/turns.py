@@ -13,6 +13,7 @@ from interlock import AgentInput, Message, Part, Status, StatusError
 from ..settings import NO_CONSUMER_HINT, redact_url
 from .base import (
     PROGRESS_EVERY,
+    Terminated,
     broker_option,
     clear_errors,
     emit,
@@ -589,11 +590,19 @@ def decide(
                 err=True,
             )
             return
-        outcome = waiter.next(
-            f"the outcome of decision {decision_id}",
-            lambda e: e.type.startswith("decision.") and e.decision_id == decision_id,
-            hint=NO_CONSUMER_HINT,
-        )
+        try:
+            outcome = waiter.next(
+                f"the outcome of decision {decision_id}",
+                lambda e: e.type.startswith("decision.") and e.decision_id == decision_id,
+                hint=NO_CONSUMER_HINT,
+            )
+        except (KeyboardInterrupt, Terminated):  # a stop says that the decision went out
+            click.echo(
+                f"the wait for the outcome of decision {decision_id} stopped; the decision "
+                "was sent, and the resume consumer decides it",
+                err=True,
+            )
+            raise
         if outcome.type == "decision.rejected":
             raise StatusError(outcome.error.status, f"decision rejected: {outcome.error.message}")
         waiter.turn_event(resumed_turn)
