@@ -85,7 +85,12 @@ def login_name() -> str | None:
     "turn_id runs once, so a file cut short can be sent again). Every line is checked "
     "before any turn is sent.",
 )
-@click.option("--session", "session_id", help="Continue this session (default: a new one).")
+@click.option(
+    "--session",
+    "session_id",
+    help="Continue this session; an id no turn has used yet starts a session of that id "
+    "(default: a new one, its id made up).",
+)
 @wait_option
 @timeout_option
 @clear_errors
