@@ -52,6 +52,8 @@ __all__ = ["EnqueueError", "ResumeConsumer", "StopRequested"]
 log = logging.getLogger("interlock.consumer")
 
 _CONTENT_ERRORS = (ValueError, TypeError, LookupError, RecursionError, DataError)
+"""Errors a decision's content can cause (the database refusing a value included);
+retrying the message cannot help. Any other error is taken for a failing store or broker."""
 
 
 class _LostInOneLine(logging.Filter):
@@ -69,8 +71,6 @@ class _LostInOneLine(logging.Filter):
 
 
 _LOST_IN_ONE_LINE = _LostInOneLine()
-"""Errors a decision's content can cause (the database refusing a value included);
-retrying the message cannot help. Any other error is taken for a failing store or broker."""
 
 
 class StopRequested(Exception):
