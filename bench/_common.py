@@ -174,6 +174,7 @@ def disk_flush_ms(folder: Path, samples: int = 50) -> float:
     path = folder / f"flush-gauge-{uuid.uuid4().hex}"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     frame = b"\0" * (4096 + 24)
+    flush = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
     try:
         waits = []
         for i in range(samples):
@@ -181,7 +182,7 @@ def disk_flush_ms(folder: Path, samples: int = 50) -> float:
             for k in range(9):
                 os.pwrite(fd, frame, ((i % 16) * 9 + k) * len(frame))
             start = time.perf_counter()
-            os.fdatasync(fd)
+            flush(fd)
             waits.append(time.perf_counter() - start)
     finally:
         os.close(fd)
