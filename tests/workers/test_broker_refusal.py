@@ -40,6 +40,27 @@ def wrong_password(redis_url: str) -> Iterator[str]:
         client.close()
 
 
+@pytest.fixture
+def no_writes(redis_url: str) -> Iterator[str]:
+    """The private Redis, with a user of its own that logs in but may run no command
+    that writes."""
+    user = f"r{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(redis_url)
+    client.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+right"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", "-@write"],
+    )
+    try:
+        yield redis_url.replace("redis://", f"redis://{user}:right@", 1)
+    finally:
+        client.acl_deluser(user)
+        client.close()
+
+
 def refused(args: list[str], broker: str, store: str) -> str:
     """The stderr of `interlock ARGS` refused by `broker`: exit 1, no traceback."""
     ran = run_cli(*args, "--app", APP, "--broker", broker, "--store", store, timeout=60)
@@ -53,6 +74,17 @@ def refused(args: list[str], broker: str, store: str) -> str:
 def test_a_wrong_redis_password(args: list[str], wrong_password: str, tmp_path: Path) -> None:
     said = refused(args, wrong_password, f"sqlite:///{tmp_path}/i.db")
     assert LOGIN + "invalid username-password pair" in said, said
+
+
+@pytest.mark.parametrize("args", COMMANDS[1:], ids=" ".join)
+def test_a_user_who_may_not_declare_the_queues(
+    args: list[str], no_writes: str, tmp_path: Path
+) -> None:
+    """Let in, then refused Interlock's declarations for want of permission: that is the
+    broker's users to fix (PERMISSION_DENIED, at once), not a refusal to wait out as
+    Redis out of memory is."""
+    said = refused(args, no_writes, f"sqlite:///{tmp_path}/i.db")
+    assert ACCESS in said and "no permissions to run the 'sadd' command" in said, said
 
 
 def test_a_wrong_rabbitmq_password_or_vhost(tmp_path: Path) -> None:
