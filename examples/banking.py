@@ -133,9 +133,16 @@ def using_model(model: str | None) -> Iterator[Agent]:
     """`bankingAgent` on `model` (`provider/model`) while the block runs. The registry's
     entry is swapped, so a worker sharing `ai` in this process uses it too. The model is
     looked up first, so a missing API key fails here, before anything runs. `None`
-    keeps the agent as it is."""
+    keeps the agent as it is, on its own model, which is looked up first too: a bad
+    `INTERLOCK_BANKING_MODEL` fails here, naming the variable."""
     current = ai.lookup_agent("bankingAgent")
     if model is None:
+        try:
+            ai.lookup_model(current.model)
+        except StatusError as exc:
+            if os.environ.get(MODEL_ENV) != current.model:
+                raise
+            raise StatusError(exc.status, f"{MODEL_ENV}={current.model}: {exc.message}") from exc
         yield current
         return
     ai.lookup_model(model)

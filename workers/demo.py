@@ -173,8 +173,8 @@ def run_on_queues(
         )
     with ExitStack() as stack:
         embedded = broker is None
-        stack.enter_context(using_model(model))  # the embedded worker shares `ai`
-        if embedded:
+        if embedded:  # the embedded worker shares `ai`; a worker elsewhere has its own
+            stack.enter_context(using_model(model))
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="interlock-demo-"))
             store = store or f"sqlite:///{folder}/interlock.db"
             broker = "memory://localhost/"

@@ -164,6 +164,22 @@ def test_demo_checks_its_store_before_anything_runs(tmp_path: Path, store: str, 
     assert result.stdout == "", "nothing ran"
 
 
+@pytest.mark.parametrize("mode", [(), ("--in-process",)], ids=["queued", "in-process"])
+def test_demo_checks_the_model_variable_before_anything_runs(
+    tmp_path: Path, mode: tuple[str, ...]
+) -> None:
+    """A model the registry cannot make, named by INTERLOCK_BANKING_MODEL, is said at
+    once and names the variable: it used to submit the turn and fail it."""
+    env = {**child_env(), "INTERLOCK_BANKING_MODEL": "garbage"}
+    result = run_cli("demo", "--approve", *mode, env=env, cwd=tmp_path, timeout=60)
+    assert result.returncode == 1, result.describe()
+    assert result.stderr.splitlines()[-1].startswith(
+        "error: NOT_FOUND: INTERLOCK_BANKING_MODEL=garbage: model 'garbage' is not defined"
+    ), result.describe()
+    assert result.stdout == "", "nothing ran"
+    assert list(tmp_path.iterdir()) == []
+
+
 # -------------------------------------------------------------------------- against a stack
 
 
