@@ -34,7 +34,14 @@ from .errors import (
     error_from_info,
     status_of,
 )
-from .interrupts import ToolInterrupt, interrupt, interrupt_as, respond, restart
+from .interrupts import (
+    InterruptDataError,
+    ToolInterrupt,
+    interrupt,
+    interrupt_as,
+    respond,
+    restart,
+)
 from .middleware import Middleware, ToolApproval, approve, deny, is_approval_gate, tool_approval
 from .models import FunctionModel, Model, ModelError, RetryPolicy, scripted
 from .registry import Interlock
@@ -53,6 +60,7 @@ __all__ = [
     "InMemorySessionStore",
     "Interlock",
     "InterlockError",
+    "InterruptDataError",
     "InterruptibleTool",
     "LatestSnapshotId",
     "Message",

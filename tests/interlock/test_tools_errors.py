@@ -22,6 +22,7 @@ from interlock import (
     InMemorySessionStore,
     Interlock,
     InterlockError,
+    InterruptDataError,
     InterruptibleTool,
     Message,
     ModelRequest,
@@ -248,7 +249,8 @@ def test_a_misused_interrupt_fails_the_tool_even_when_the_tool_catches_it(
     agent = one_call(ai, _swallowing(ai, "please approve", asynchronous, caught), {"n": 1})
     with pytest.raises(ToolFailedError) as info:
         agent.run_text("go")
-    assert len(caught) == 1 and isinstance(caught[0], StatusError), "the tool caught it"
+    assert len(caught) == 1 and isinstance(caught[0], InterruptDataError), "the tool caught it"
+    assert isinstance(caught[0], StatusError) and caught[0].status is Status.INVALID_ARGUMENT
     assert info.value.tool_name == "odd"
     assert info.value.status is Status.INVALID_ARGUMENT
     assert "interrupt data must serialize to a JSON object" in info.value.message
