@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -10,12 +12,18 @@ from kombu.connection import Connection
 from kombu.entity import Queue
 from kombu.message import Message as KombuMessage
 from kombu.messaging import Consumer
+from pydantic import ValidationError
 
-from schemas import EventBase, event_adapter
+from schemas import EVENT_TYPES, EventBase, event_adapter
 
 from .topology import event_queue
 
 __all__ = ["EventStream"]
+
+log = logging.getLogger("interlock.events")
+
+_REASONS_WARNED = 20
+"""A reader warns of at most this many reasons for skipping a message; then it is quiet."""
 
 
 class EventStream:
@@ -26,6 +34,7 @@ class EventStream:
         self.connection = connection
         self.queue = queue
         self._buffer: list[EventBase] = []
+        self._skipped: set[str] = set()
         self._consumer = Consumer(
             connection.channel(), queues=[queue], on_message=self._on_message, accept=["json"]
         )
@@ -41,7 +50,30 @@ class EventStream:
         return cls(connection, queue)
 
     def _on_message(self, message: KombuMessage) -> None:
-        self._buffer.append(event_adapter.validate_json(message.body))
+        """Keep the message's event. Any program may publish to `interlock.events`, and a
+        newer release may add event types: a message of a type this release does not
+        know is skipped, as events.md asks of readers, and one that is no event at all
+        is skipped with a warning (the first time for each reason); neither stops the
+        reader."""
+        try:
+            self._buffer.append(event_adapter.validate_json(message.body))
+        except ValidationError as exc:
+            kind = _type_of(message.body)
+            if kind is not None and kind not in EVENT_TYPES:
+                log.debug("skipped an event of a type this reader does not know: %r", kind)
+            else:
+                error = exc.errors(include_url=False)[0]
+                why = f"{'.'.join(str(p) for p in error['loc']) or 'the body'}: {error['msg']}"
+                first = why not in self._skipped and len(self._skipped) < _REASONS_WARNED
+                if first:  # a warning per reason, not per message
+                    self._skipped.add(why)
+                log.log(
+                    logging.WARNING if first else logging.DEBUG,
+                    "skipped a message on %s that is no Interlock event (%s)%s",
+                    self.queue.name,
+                    why,
+                    "; others like it are skipped quietly" if first else "",
+                )
         message.ack()
 
     def __enter__(self) -> EventStream:
@@ -86,3 +118,13 @@ class EventStream:
                 self.connection.drain_events(timeout=min(remaining, 1.0))
             except TimeoutError:
                 continue
+
+
+def _type_of(body: bytes | str) -> str | None:
+    """The `type` a message's JSON object names, if it names one."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    kind = data.get("type") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None

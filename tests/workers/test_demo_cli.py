@@ -5,6 +5,7 @@ Errors must be one clear line and a non-zero exit, never a traceback."""
 from __future__ import annotations
 
 import getpass
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -385,6 +386,51 @@ def test_submit_with_an_unknown_agent_exits_not_found(stack: QueueStack) -> None
         "--broker", stack.broker_url, "--store", stack.store_url,
     )  # fmt: skip
     _clear_failure(result, "NOT_FOUND", "nosuchAgent")
+
+
+def test_waiting_reads_past_messages_that_are_no_event_it_knows(stack: QueueStack) -> None:
+    """Another program publishing to interlock.events while `submit --wait` waits: a
+    type it does not know is skipped (a newer release's, or a dashboard's own), bodies
+    that are no event are skipped with one warning line; the wait goes on to the turn's
+    event. It used to end in a traceback at the first such message."""
+    from kombu.connection import Connection
+    from kombu.messaging import Producer
+
+    from events.topology import EVENTS
+
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def chatter() -> None:
+        with Connection(stack.broker_url) as conn:
+            producer = Producer(conn.channel(), exchange=EVENTS)
+            while not stop.is_set():
+                for body, key in [
+                    ('{"schema_version": 1, "type": "dash.note"}', "dash.note"),
+                    ("no json", "turn.completed"),
+                ]:
+                    producer.publish(body, routing_key=key, content_type="application/json")
+                sent.append(1)
+                stop.wait(0.01)
+
+    thread = threading.Thread(target=chatter, daemon=True)
+    thread.start()
+    try:
+        result = run_cli(
+            "submit", "--app", APP, "--agent", AGENT, "--text", "Transfer $7 to savings",
+            "--broker", stack.broker_url, "--store", stack.store_url, "--wait",
+        )  # fmt: skip
+    finally:
+        stop.set()
+        thread.join(10)
+    assert len(sent) > 1, "nothing was published while the command waited"
+    assert result.returncode == 0, result.describe()
+    assert "Traceback" not in result.stderr, result.describe()
+    assert [line.get("type") for line in result.json_lines()][-1] == "turn.interrupted"
+    skipped = [line for line in result.stderr.splitlines() if "is no Interlock event" in line]
+    assert len(skipped) == 1, result.describe()
+    assert "the body: Invalid JSON" in skipped[0], skipped
+    assert "dash.note" not in result.stderr, "an unknown type is skipped quietly"
 
 
 def test_decide_needs_exactly_one_verdict(stack: QueueStack) -> None:
