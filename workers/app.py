@@ -6,11 +6,14 @@ import json
 import logging
 from typing import Any, NoReturn
 
+from amqp.exceptions import MessageNacked
 from celery import Celery
 from celery.exceptions import Reject
 from celery.signals import before_task_publish
 from celery.utils.time import get_exponential_backoff_interval
+from kombu.exceptions import OperationalError as KombuOperationalError
 
+from events.publisher import PublishRefused
 from events.topology import TURNS, TURNS_DEAD, TURNS_QUEUE
 from interlock import Interlock
 from interlock.stores.failures import first_line as one_line
@@ -223,10 +226,20 @@ before_task_publish.connect(_summarize_turn, sender=RUN_TURN, weak=False)
 
 
 def send_turn(app: Celery, request: TurnRequest) -> None:
-    """Enqueue `request` as an `interlock.run_turn` task (JSON arguments)."""
-    app.send_task(
-        RUN_TURN,
-        args=[request.model_dump(mode="json")],
-        argsrepr=turn_summary(request),
-        kwargsrepr="{}",
-    )
+    """Enqueue `request` as an `interlock.run_turn` task (JSON arguments). A task the
+    broker turns away (RabbitMQ's nack: `interlock.turns` at a length limit with
+    `reject-publish`) raises `PublishRefused` saying so; Celery gives it no reason."""
+    try:
+        app.send_task(
+            RUN_TURN,
+            args=[request.model_dump(mode="json")],
+            argsrepr=turn_summary(request),
+            kwargsrepr="{}",
+        )
+    except KombuOperationalError as exc:
+        if not isinstance(exc.__cause__ or exc.__context__, MessageNacked):
+            raise
+        raise PublishRefused(
+            f"the broker refused turn {request.turn_id} to {TURNS}: the queue takes no more "
+            "(a length limit with reject-publish?); nothing was enqueued"
+        ) from exc

@@ -23,6 +23,7 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -552,3 +553,33 @@ def test_rabbitmq_refusing_an_event_keeps_it_in_the_outbox(
     finally:
         reader.close()
     assert body["event_id"] == paused.event_id
+
+
+@pytest.mark.parametrize("stack", ["rabbitmq"], indirect=True)
+def test_rabbitmq_refusing_a_turn_is_said_as_a_refusal(
+    stack: QueueStack, dash: Dashboard, tmp_path: Path
+) -> None:
+    """`submit` of a turn RabbitMQ turns away (interlock.turns at its length limit) says
+    that the broker refused it, naming the turn and the queue, exit 1, nothing printed
+    as sent; with `--file`, that none of the turns was sent. It used to say "cannot
+    reach the broker:" and no more. Once the queue takes turns again, submit works."""
+    batch = tmp_path / "turns.jsonl"
+    batch.write_text("Transfer $1 to the full queue\nTransfer $2 to the full queue\n")
+    common = ["--app", APP, "--agent", AGENT, "--broker", stack.broker_url,
+              "--store", stack.store_url]  # fmt: skip
+    with _queue_refuses(stack, "interlock.turns"):
+        one = run_cli("submit", *common, "--text", "Transfer $3 to the full queue")
+        many = run_cli("submit", *common, "--file", str(batch))
+    for result in (one, many):
+        assert result.returncode == 1, result.describe()
+        assert result.stdout == "", "no turn was sent"
+        last = result.stderr.splitlines()[-1]
+        assert re.fullmatch(
+            r"error: UNAVAILABLE: the broker refused turn \S+ to interlock\.turns: the queue "
+            r"takes no more \(a length limit with reject-publish\?\); nothing was enqueued.*",
+            last,
+        ), result.describe()
+    assert many.stderr.splitlines()[-1].endswith("(none of the 2 turns was sent)")
+    after = run_cli("submit", *common, "--text", "Transfer $4 to savings", "--wait")
+    assert after.returncode == 0, after.describe()
+    assert [line.get("type") for line in after.json_lines()][-1] == "turn.interrupted"

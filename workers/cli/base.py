@@ -249,6 +249,10 @@ def unreachable(exc: Exception) -> str | None:
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.exc import OperationalError as StoreError
 
+    from events.publisher import PublishRefused
+
+    if isinstance(exc, PublishRefused):  # reached, and it said no
+        return str(exc)
     if isinstance(exc, BrokerError | RedisDown | RedisSlow):  # redis-py's, unwrapped
         return f"cannot reach the broker: {exc}"
     if isinstance(exc, DBAPIError):
