@@ -4,6 +4,9 @@ waits it out or prints a traceback."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,3 +109,50 @@ def test_health_says_which_refusal(wrong_password: str, tmp_path: Path) -> None:
     [report] = ran.json_lines()
     assert report["broker"].startswith("error: UNAUTHENTICATED: the broker refused the login")
     assert report["store"] == "ok"
+
+
+def test_a_rabbitmq_user_who_may_only_publish_decisions(tmp_path: Path) -> None:
+    """docs/operations.md, "Who may publish where": a reviewer's user that may write to
+    `interlock.decisions` alone publishes a decision as a dashboard does, and is refused
+    Interlock's commands that use the broker (they declare the whole topology first):
+    PERMISSION_DENIED naming what it may not touch, at once, nothing sent."""
+    from kombu.connection import Connection
+    from kombu.messaging import Producer
+
+    from events.publisher import declare
+
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None:
+        pytest.skip("needs rabbitmqctl to make a user")
+    user = f"reviewer_{uuid.uuid4().hex[:8]}"
+    with rabbitmq_vhost() as url:
+        vhost = url.rsplit("/", 1)[1]
+        if not vhost:
+            pytest.skip("needs a vhost of the test's own")
+        with Connection(url) as admin:
+            declare(admin)
+        subprocess.run([ctl, "add_user", user, "pw"], check=True, capture_output=True, timeout=60)
+        try:
+            subprocess.run(
+                [ctl, "set_permissions", "-p", vhost, user, "^$", r"^interlock\.decisions$", "^$"],
+                check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+            narrow = url.replace("guest:guest@", f"{user}:pw@", 1)
+            said = refused(COMMANDS[0], narrow, f"sqlite:///{tmp_path}/i.db")
+            assert "error: PERMISSION_DENIED: " in said, said
+            assert "ACCESS_REFUSED - access to exchange 'interlock.turns'" in said, said
+            body = json.dumps({"schema_version": 1, "decision_id": user, "snapshot_id": "s"})
+            with Connection(narrow, transport_options={"confirm_publish": True}) as conn:
+                producer = Producer(conn.channel())
+                producer.publish(
+                    body,
+                    exchange="interlock.decisions",
+                    routing_key="interlock.decisions",
+                    content_type="application/json",
+                )
+            with Connection(url) as admin, admin.SimpleQueue("interlock.decisions") as queue:
+                message = queue.get(timeout=10)
+                assert json.loads(message.body)["decision_id"] == user
+                message.ack()
+        finally:
+            subprocess.run([ctl, "delete_user", user], capture_output=True, timeout=60)
