@@ -423,6 +423,9 @@ def test_a_body_kombu_cannot_inflate_is_rejected_and_kept(
     wire, envelope, _, _ = unreadable(dash, stack, body, "application/json", reason, headers)
     assert envelope["reason"] == wire["error"]["message"]
     assert base64.b64decode(envelope["body_base64"]) == body, "kept as received"
+    marked = envelope["headers"]["x-interlock-unreadable"]  # docs/queues.md says so
+    assert marked.startswith(f"the body cannot be decoded (compression {compression!r})"), marked
+    assert envelope["headers"]["compression"] == compression, "the message's own, kept"
     assert stack.consumer is not None and stack.consumer.alive
     still_answerable(dash, paused)
 
