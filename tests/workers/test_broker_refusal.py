@@ -114,7 +114,7 @@ def test_health_says_which_refusal(wrong_password: str, tmp_path: Path) -> None:
 def test_a_rabbitmq_user_who_may_only_publish_decisions(tmp_path: Path) -> None:
     """docs/operations.md, "Who may publish where": a reviewer's user that may write to
     `interlock.decisions` alone publishes a decision as a dashboard does, and is refused
-    Interlock's commands that use the broker (they declare the whole topology first):
+    `submit`, which declares `interlock.turns` before it publishes there:
     PERMISSION_DENIED naming what it may not touch, at once, nothing sent."""
     from kombu.connection import Connection
     from kombu.messaging import Producer
