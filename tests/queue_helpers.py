@@ -78,6 +78,7 @@ __all__ = [
     "dashboard_for",
     "dead_reader",
     "decision",
+    "decisions_only_user",
     "interlock_bin",
     "interrupted_reader",
     "module_stack",
@@ -788,3 +789,24 @@ def rabbitmq_vhost() -> Iterator[str]:
     finally:
         if made and ctl is not None:
             subprocess.run([ctl, "delete_vhost", vhost], capture_output=True, timeout=60)
+
+
+@contextlib.contextmanager
+def decisions_only_user(url: str) -> Iterator[str]:
+    """`url` (a vhost of the test's own) as a RabbitMQ user of its own that may write to
+    `interlock.decisions` alone, and configure and read nothing: a reviewer's user as
+    docs/operations.md ("Who may publish where") describes it. Deleted after."""
+    vhost = url.rsplit("/", 1)[1]
+    ctl = shutil.which("rabbitmqctl")
+    if not vhost or ctl is None:
+        pytest.skip("needs a vhost of the test's own (rabbitmqctl)")
+    user = f"reviewer_{uuid.uuid4().hex[:8]}"
+    subprocess.run([ctl, "add_user", user, "pw"], check=True, capture_output=True, timeout=60)
+    try:
+        subprocess.run(
+            [ctl, "set_permissions", "-p", vhost, user, "^$", r"^interlock\.decisions$", "^$"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        yield url.replace("guest:guest@", f"{user}:pw@", 1)
+    finally:
+        subprocess.run([ctl, "delete_user", user], capture_output=True, timeout=60)

@@ -5,8 +5,6 @@ waits it out or prints a traceback."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.queue_helpers import APP, rabbitmq_vhost, run_cli
+from tests.queue_helpers import APP, decisions_only_user, rabbitmq_vhost, run_cli
 
 LOGIN = "error: UNAUTHENTICATED: the broker refused the login: "
 ACCESS = "error: PERMISSION_DENIED: the broker refused access: "
@@ -121,38 +119,22 @@ def test_a_rabbitmq_user_who_may_only_publish_decisions(tmp_path: Path) -> None:
 
     from events.publisher import declare
 
-    ctl = shutil.which("rabbitmqctl")
-    if ctl is None:
-        pytest.skip("needs rabbitmqctl to make a user")
-    user = f"reviewer_{uuid.uuid4().hex[:8]}"
-    with rabbitmq_vhost() as url:
-        vhost = url.rsplit("/", 1)[1]
-        if not vhost:
-            pytest.skip("needs a vhost of the test's own")
+    decision_id = f"narrow-{uuid.uuid4().hex[:8]}"
+    with rabbitmq_vhost() as url, decisions_only_user(url) as narrow:
         with Connection(url) as admin:
             declare(admin)
-        subprocess.run([ctl, "add_user", user, "pw"], check=True, capture_output=True, timeout=60)
-        try:
-            subprocess.run(
-                [ctl, "set_permissions", "-p", vhost, user, "^$", r"^interlock\.decisions$", "^$"],
-                check=True, capture_output=True, timeout=60,
-            )  # fmt: skip
-            narrow = url.replace("guest:guest@", f"{user}:pw@", 1)
-            said = refused(COMMANDS[0], narrow, f"sqlite:///{tmp_path}/i.db")
-            assert "error: PERMISSION_DENIED: " in said, said
-            assert "ACCESS_REFUSED - access to exchange 'interlock.turns'" in said, said
-            body = json.dumps({"schema_version": 1, "decision_id": user, "snapshot_id": "s"})
-            with Connection(narrow, transport_options={"confirm_publish": True}) as conn:
-                producer = Producer(conn.channel())
-                producer.publish(
-                    body,
-                    exchange="interlock.decisions",
-                    routing_key="interlock.decisions",
-                    content_type="application/json",
-                )
-            with Connection(url) as admin, admin.SimpleQueue("interlock.decisions") as queue:
-                message = queue.get(timeout=10)
-                assert json.loads(message.body)["decision_id"] == user
-                message.ack()
-        finally:
-            subprocess.run([ctl, "delete_user", user], capture_output=True, timeout=60)
+        said = refused(COMMANDS[0], narrow, f"sqlite:///{tmp_path}/i.db")
+        assert "error: PERMISSION_DENIED: " in said, said
+        assert "ACCESS_REFUSED - access to exchange 'interlock.turns'" in said, said
+        body = json.dumps({"schema_version": 1, "decision_id": decision_id, "snapshot_id": "s"})
+        with Connection(narrow, transport_options={"confirm_publish": True}) as conn:
+            Producer(conn.channel()).publish(
+                body,
+                exchange="interlock.decisions",
+                routing_key="interlock.decisions",
+                content_type="application/json",
+            )
+        with Connection(url) as admin, admin.SimpleQueue("interlock.decisions") as queue:
+            message = queue.get(timeout=10)
+            assert json.loads(message.body)["decision_id"] == decision_id
+            message.ack()

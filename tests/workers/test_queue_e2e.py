@@ -42,6 +42,7 @@ from tests.queue_helpers import (
     dead_reader,
     dead_turns_reader,
     decision,
+    decisions_only_user,
     interrupted_reader,
     module_stack,
     put_on_turns,
@@ -583,3 +584,28 @@ def test_rabbitmq_refusing_a_turn_is_said_as_a_refusal(
     after = run_cli("submit", *common, "--text", "Transfer $4 to savings", "--wait")
     assert after.returncode == 0, after.describe()
     assert [line.get("type") for line in after.json_lines()][-1] == "turn.interrupted"
+
+
+@pytest.mark.parametrize("stack", ["rabbitmq"], indirect=True)
+def test_decide_as_a_user_who_may_only_publish_decisions_is_refused(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    """docs/operations.md, "Who may publish where": `decide` declares all of Interlock's
+    exchanges and queues before it publishes, so a RabbitMQ user that may write to
+    `interlock.decisions` alone is refused it (PERMISSION_DENIED, at once); nothing is
+    sent, and the pause is still answerable."""
+    paused = dash.paused("Transfer $63 to a narrow reviewer")
+    with decisions_only_user(stack.broker_url) as narrow:
+        result = run_cli("decide", paused.snapshot_id, "--token", paused.resume_token,
+                         "--approve", "--broker", narrow, "--store", stack.store_url)  # fmt: skip
+    assert result.returncode == 1, result.describe()
+    assert result.stdout == "", "no decision id: nothing was sent"
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("error: PERMISSION_DENIED: "), result.describe()
+    assert "ACCESS_REFUSED - access to exchange 'interlock.turns'" in last, result.describe()
+    body = dash.approve_all(paused)  # the pause waits still, for an answer that can come
+    dash.publish_json(body)
+    accepted = dash.outcome(body["decision_id"])
+    assert accepted.type == "decision.accepted", accepted.model_dump_json()
+    done = dash.resumed_turn(accepted)
+    assert done.type == "turn.completed", done.model_dump_json()
