@@ -1,4 +1,10 @@
-"""Interlock: agents that pause mid-turn for a human and resume where they stopped."""
+"""Interlock: agents that pause mid-turn for a human and resume where they stopped.
+
+`SqlSessionStore` is imported on first use (see `interlock.stores`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from schemas import (
     AgentChunk,
@@ -46,8 +52,11 @@ from .middleware import Middleware, ToolApproval, approve, deny, is_approval_gat
 from .models import FunctionModel, Model, ModelError, RetryPolicy, scripted
 from .registry import Interlock
 from .state import RandomSecretWarning
-from .stores import InMemorySessionStore, LatestSnapshotId, SessionStore, SqlSessionStore
+from .stores import InMemorySessionStore, LatestSnapshotId, SessionStore
 from .tools import InterruptibleTool, Tool
+
+if TYPE_CHECKING:
+    from .stores.sql import SqlSessionStore
 
 __all__ = [
     "Agent",
@@ -105,3 +114,11 @@ __all__ = [
     "status_of",
     "tool_approval",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SqlSessionStore":
+        from .stores.sql import SqlSessionStore
+
+        return SqlSessionStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,9 +9,12 @@ from urllib.parse import urlsplit
 
 from kombu.connection import Connection
 
-from events.outbox import RETENTION as OUTBOX_RETENTION
 from events.redis_transport import transport_for
 from interlock import Status, StatusError
+
+OUTBOX_RETENTION = 7 * 24 * 3600.0
+"""`events.outbox.RETENTION` (a week), said again here so that reading the settings
+does not load SQLAlchemy; a test holds the two equal."""
 
 __all__ = [
     "NO_ANSWER_HINT",

@@ -1,7 +1,25 @@
-"""Session stores: where snapshots live between turns."""
+"""Session stores: where snapshots live between turns.
+
+`SqlSessionStore` is imported on first use, so that what needs no database (the
+command line's help, a broker-only command, the in-memory store) does not load
+SQLAlchemy."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .base import LatestSnapshotId, SessionStore
 from .memory import InMemorySessionStore
-from .sql import SqlSessionStore
+
+if TYPE_CHECKING:
+    from .sql import SqlSessionStore
 
 __all__ = ["InMemorySessionStore", "LatestSnapshotId", "SessionStore", "SqlSessionStore"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SqlSessionStore":
+        from .sql import SqlSessionStore
+
+        return SqlSessionStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,9 +6,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
-
 __all__ = ["first_line", "is_store_failure", "retry_store_failures"]
 
 T = TypeVar("T")
@@ -27,7 +24,11 @@ def is_store_failure(exc: BaseException) -> bool:
     the pool exhausted) or unusable (a file that is no database, a table missing or
     not permitted). The turn is then retried, not ended as failed. A value the database
     refuses or a constraint it enforces (`DataError`, `IntegrityError`) is the turn's
-    own doing, and so its answer."""
+    own doing, and so its answer. (SQLAlchemy is imported here, not above, so that
+    `first_line` costs no import of it.)"""
+    from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
     if isinstance(exc, DataError | IntegrityError):
         return False
     return isinstance(exc, DBAPIError | PoolTimeout)

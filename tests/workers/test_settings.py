@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from events.outbox import RETENTION
 from interlock import Status, StatusError
 from tests.queue_helpers import child_env, run_cli
-from workers.settings import Settings
+from workers.settings import OUTBOX_RETENTION, Settings
 
 
 def test_numbers_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -24,6 +27,7 @@ def test_numbers_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INTERLOCK_TURN_LEASE", "")
     assert Settings.from_env().turn_lease == 20.0, "empty means the default"
     assert Settings.from_env().outbox_retention == 7 * 24 * 3600.0, "a week by default"
+    assert OUTBOX_RETENTION == RETENTION, "the settings' default is the outbox's own"
     monkeypatch.setenv("INTERLOCK_OUTBOX_RETENTION", "86400")
     assert Settings.from_env().outbox_retention == 86400.0
     assert Settings.from_env().to_env()["INTERLOCK_OUTBOX_RETENTION"] == "86400.0"
@@ -160,3 +164,22 @@ def test_only_the_resume_consumer_asks_for_its_held_messages_to_come_back_early(
     assert "restore_held" not in redis_settings.transport_options  # Celery's options
     amqp = Settings(broker_url="amqp://guest:guest@127.0.0.1:5672//")
     assert "restore_held" not in (amqp.connection(restore_held=True).transport_options or {})
+
+
+def test_help_and_the_settings_module_load_without_sqlalchemy() -> None:
+    """`interlock --help` (and any command's) does not load SQLAlchemy: only a command
+    that reads a store URL does, to check it."""
+    code = (
+        "import sys, workers.cli, workers.settings\n"
+        "try:\n"
+        "    workers.cli.main(['--help'], prog_name='interlock', standalone_mode=False)\n"
+        "    workers.cli.main(['decide', '--help'], prog_name='interlock', standalone_mode=False)\n"
+        "finally:\n"
+        "    print('sqlalchemy' in sys.modules, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Usage: interlock decide" in done.stdout
+    assert done.stderr.strip() == "False"

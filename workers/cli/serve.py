@@ -11,11 +11,10 @@ import uuid
 
 import click
 
-from events.outbox import RETENTION
 from interlock import Status, StatusError
 from interlock.stores.failures import first_line as one_line
 
-from ..settings import Settings, redact_url
+from ..settings import OUTBOX_RETENTION, Settings, redact_url
 from .base import (
     app_option,
     broker_option,
@@ -64,7 +63,7 @@ _DEFAULTS = Settings()
 
 
 def _seconds(value: float) -> str:
-    return "a week" if value == RETENTION else f"{value:g} s"
+    return "a week" if value == OUTBOX_RETENTION else f"{value:g} s"
 
 
 _ENV_SHARED = (
