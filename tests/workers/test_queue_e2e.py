@@ -609,3 +609,29 @@ def test_decide_as_a_user_who_may_only_publish_decisions_is_refused(
     assert accepted.type == "decision.accepted", accepted.model_dump_json()
     done = dash.resumed_turn(accepted)
     assert done.type == "turn.completed", done.model_dump_json()
+
+
+@pytest.mark.parametrize("stack", ["rabbitmq"], indirect=True)
+def test_rabbitmq_refusing_a_decision_is_said_as_a_refusal(
+    stack: QueueStack, dash: Dashboard
+) -> None:
+    """`decide` of a decision RabbitMQ turns away (interlock.decisions at its length
+    limit) says the broker refused it, naming the queue, exit 1, no decision id printed;
+    the pause is untouched and, once the queue takes messages again, `decide` answers
+    it."""
+    paused = dash.paused("Transfer $64 to a full inbox of decisions")
+    decide = ["decide", paused.snapshot_id, "--token", paused.resume_token, "--approve",
+              "--broker", stack.broker_url, "--store", stack.store_url]  # fmt: skip
+    with _queue_refuses(stack, "interlock.decisions"):
+        refused = run_cli(*decide)
+    assert refused.returncode == 1, refused.describe()
+    assert refused.stdout == "", "no decision id: nothing was sent"
+    last = refused.stderr.splitlines()[-1]
+    assert last.startswith("error: UNAVAILABLE: the broker refused the message to "), last
+    assert "interlock.decisions" in last and "cannot reach" not in last, last
+    after = run_cli(*decide, "--wait")
+    assert after.returncode == 0, after.describe()
+    assert [line.get("type") for line in after.json_lines()][-2:] == [
+        "decision.accepted",
+        "turn.completed",
+    ], after.describe()
