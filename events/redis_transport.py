@@ -513,7 +513,8 @@ def envelope(item: bytes | str, queue: str, channel: Any) -> dict[str, Any]:
 
 def _envelope(raw: bytes, queue: str, channel: Any) -> dict[str, Any]:
     try:
-        payload = loads(raw.decode("utf-8"))  # strict: kombu's own decode replaces bytes
+        # strict (kombu's own decode replaces bytes), a leading byte order mark ignored
+        payload = loads(raw.decode("utf-8-sig"))
     except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
         return _made(raw, queue, f"the queue item is not JSON: {exc}")
     if isinstance(payload, dict) and not _is_envelope(payload):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -193,7 +194,13 @@ class ResumeConsumer(ConsumerMixin):
         self._process(message, headers)
 
     def on_message(self, message: KombuMessage) -> None:
-        self._process(message, dict(message.headers or {}))
+        headers = dict(message.headers or {})
+        if self.connection.transport.driver_type == "amqp":
+            wrong = _undecoded(message)
+            if wrong is not None:  # py-amqp keeps the bytes of text it cannot decode
+                encoding = f"content encoding {message.content_encoding!r}"
+                headers[UNREADABLE] = f"the body cannot be decoded ({encoding}): {wrong}"
+        self._process(message, headers)
 
     def _process(self, message: KombuMessage, headers: dict[str, Any]) -> None:
         body = message.body
@@ -487,3 +494,20 @@ def _event(body: str) -> EventBase:
 
     parsed: EventBase = event_adapter.validate_json(body)
     return parsed
+
+
+def _undecoded(message: KombuMessage) -> str | None:
+    """Why a RabbitMQ message's text could not take its declared `content_encoding`, or
+    None. py-amqp decodes a body by that encoding and, when it cannot (an unknown codec,
+    bytes the codec refuses), keeps the bytes and says nothing. Bytes with no encoding,
+    `binary`, or UTF-8 (whose text is checked as every decision's is) are no such case."""
+    body, encoding = message.body, message.content_encoding
+    if not isinstance(body, bytes | bytearray) or not isinstance(encoding, str):
+        return None
+    try:
+        if encoding == "binary" or codecs.lookup(encoding).name == "utf-8":
+            return None
+        bytes(body).decode(encoding)
+    except (LookupError, UnicodeError) as exc:
+        return str(exc)
+    return None

@@ -118,3 +118,28 @@ def test_a_worker_that_meets_the_conflict_once_ready_stops(tmp_path: Path) -> No
         said = "error: FAILED_PRECONDITION: the broker refuses Interlock's exchanges and queues"
         assert said in ran.stderr and "; the worker stops" in ran.stderr, ran.stderr[-3000:]
         assert "'x-queue-type' for queue 'interlock.interrupted'" in ran.stderr
+
+
+def test_the_docs_topology_table_says_each_exchange_type_and_key() -> None:
+    """docs/queues.md's table gives, for every queue Interlock declares, the exchange,
+    its type and the routing key it is bound with, so that a client in another language
+    can declare them exactly as Interlock does (a declare that differs is refused)."""
+    from events.topology import all_queues
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "queues.md"
+    rows = {
+        cells[0].strip(" `"): cells[1]
+        for line in docs.read_text().splitlines()
+        if line.startswith("| `interlock.")
+        for cells in [line.strip("|").split("|")]
+    }
+    for queue in all_queues():
+        exchange = queue.exchange
+        assert queue.name in rows, f"{queue.name} is not in the table"
+        said = rows[queue.name]
+        if exchange.type == "topic":
+            assert f"bound to `{exchange.name}` with `{queue.routing_key}`" in said, said
+            assert rows[exchange.name].strip() == "topic exchange", rows[exchange.name]
+        else:
+            expected = f"exchange `{exchange.name}`, {exchange.type}, key `{queue.routing_key}`"
+            assert expected in said, f"{queue.name}: {said!r} lacks {expected!r}"

@@ -527,19 +527,25 @@ def test_an_item_that_is_no_message_but_names_its_decision_is_rejected_under_tha
     still_answerable(dash, paused)
 
 
-@pytest.mark.parametrize("extra", [{}, {"body": "looks right to me"}], ids=["plain", "body"])
+@pytest.mark.parametrize(
+    ("extra", "mark"),
+    [({}, b""), ({"body": "looks right to me"}, b""), ({}, "\ufeff".encode())],
+    ids=["plain", "body", "byte-order-mark"],
+)
 def test_a_bare_decision_pushed_onto_the_list_is_read(
-    dash: Dashboard, stack: QueueStack, extra: dict[str, Any]
+    dash: Dashboard, stack: QueueStack, extra: dict[str, Any], mark: bytes
 ) -> None:
     """A decision's JSON pushed onto the Redis list as it is, with no kombu envelope
     (the simplest client in another language): read as the decision it is, also with a
-    `body` field of its own (it names its schema_version: no envelope)."""
+    `body` field of its own (it names its schema_version: no envelope), and after a
+    leading byte order mark, which docs/queues.md says is ignored (it used to make the
+    item "not JSON")."""
     paused = dash.paused("Transfer $24 to bare-push")
     body = {
         **decision(paused.snapshot_id, paused.resume_token, restart=restart_all(paused)),
         **extra,
     }
-    push_item(stack, json.dumps(body))
+    push_item(stack, mark + json.dumps(body).encode())
     accepted = dash.outcome(body["decision_id"])
     assert accepted.type == "decision.accepted", accepted.model_dump_json()
     done = dash.resumed_turn(accepted)

@@ -373,6 +373,63 @@ def test_a_body_kombu_cannot_decode_is_refused_on_both_brokers(
     assert done.type == "turn.completed", done.model_dump_json()
 
 
+@pytest.mark.parametrize(
+    ("encoding", "encode", "fault"),
+    [
+        ("ascii", "utf-8", "'ascii' codec can't decode byte 0xc3"),
+        ("x-nonesuch", "utf-8", "unknown encoding: x-nonesuch"),
+        ("latin-1", "latin-1", None),
+    ],
+    ids=["text-the-encoding-cannot-take", "unknown-encoding", "decoded-with-it"],
+)
+@pytest.mark.parametrize("stack", ["rabbitmq"], indirect=True)
+def test_a_decision_in_a_content_encoding_on_rabbitmq(
+    stack: QueueStack, dash: Dashboard, encoding: str, encode: str, fault: str | None
+) -> None:
+    """docs/queues.md: on RabbitMQ a `content_encoding` other than UTF-8 is decoded with
+    it; text it cannot take is refused (INVALID_ARGUMENT, under the decision_id the body
+    names) and kept, its dead letter marked `x-interlock-unreadable`. py-amqp keeps the
+    bytes of a body it cannot decode and says nothing: such a decision used to be read
+    as UTF-8, and accepted."""
+    paused = dash.paused("Transfer $9 to an encoded reviewer")
+    body = decision(paused.snapshot_id, paused.resume_token, reviewer="josé",
+                    restart=[{"name": i.name, "ref": i.ref, "resumed": {"approved": True}}
+                             for i in paused.interrupts])  # fmt: skip
+    raw = json.dumps(body, ensure_ascii=False).encode(encode)
+    nonce = str(uuid.uuid4())
+    dead = dead_reader(stack.broker_url)
+    try:
+        producer: Any = dash.producer  # kombu's publish is untyped
+        producer.publish(
+            raw, exchange="interlock.decisions", routing_key="interlock.decisions",
+            content_type="application/json", content_encoding=encoding,
+            headers={"x-test-nonce": nonce}, delivery_mode=2,
+        )  # fmt: skip
+        outcome = dash.outcome(body["decision_id"])
+        if fault is None:
+            assert outcome.type == "decision.accepted", outcome.model_dump_json()
+            assert outcome.model_dump()["reviewer"] == "josé"
+            done = dash.resumed_turn(outcome)
+            assert done.type == "turn.completed", done.model_dump_json()
+            return
+        envelope, _, _ = dead.wait(
+            lambda m: m.get("headers", {}).get("x-test-nonce") == nonce, "dead letter"
+        )
+    finally:
+        dead.close()
+    wire = outcome.model_dump(mode="json")
+    assert (wire["type"], wire["error"]["status"]) == ("decision.rejected", "INVALID_ARGUMENT")
+    said = f"the body cannot be decoded (content encoding {encoding!r}): "
+    assert wire["error"]["message"].startswith(f"not a decision: {said}"), wire
+    assert fault in wire["error"]["message"], wire
+    assert envelope["headers"]["x-interlock-unreadable"].startswith(said), envelope
+    assert envelope["decision_id"] == body["decision_id"] == wire["decision_id"], envelope
+    assert envelope["event_id"] == wire["event_id"], envelope
+    assert base64.b64decode(envelope["body_base64"]) == raw, "kept as sent"
+    done = dash.resolve(paused)
+    assert done.type == "turn.completed", done.model_dump_json()
+
+
 @pytest.mark.parametrize("stack", ["redis", "rabbitmq"], indirect=True)
 def test_a_message_no_worker_can_run_is_kept_on_both_brokers(
     stack: QueueStack, dash: Dashboard
