@@ -5,8 +5,9 @@ transport) while it builds the message, before any consumer code sees it, and wi
 limit: a small message can inflate to gigabytes in memory. `bound_decompression(limit)`
 replaces kombu's decoders, for the process, with ones that stop once the output would
 pass `limit` bytes and then raise, so the message is refused like any other that cannot
-be read (kombu hands the error to the consumer's `on_decode_error`). zlib (`gzip`),
-bzip2 and lzma (`xz`) are inflated up to the limit; a codec that cannot be bounded here
+be read (kombu hands the error to the consumer's `on_decode_error`). zlib (`gzip`:
+kombu's own zlib stream, or a gzip file's, as other languages' gzip functions write
+it), bzip2 and lzma (`xz`) are inflated up to the limit; a codec that cannot be bounded here
 (brotli, zstd, where installed) is refused. Encoders are kept: publishing compressed
 messages works as before.
 """
@@ -52,11 +53,18 @@ def _refused(content_type: str) -> Callable[[bytes], bytes]:
     return decode
 
 
+def _zlib_or_gzip() -> Any:
+    """An inflater of a zlib stream (kombu's `application/x-gzip`) or of a gzip file's
+    (Node's `gzipSync`, Go's `gzip.Writer`, Python's `gzip.compress`), told by its
+    header."""
+    return zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)
+
+
 def bound_decompression(limit: int) -> None:
     """Make kombu, in this process, inflate no message body past `limit` bytes (see the
     module's docstring). Idempotent; the last limit given applies."""
     makers: dict[str, tuple[Callable[[], Any], str]] = {
-        "application/x-gzip": (zlib.decompressobj, "zlib"),
+        "application/x-gzip": (_zlib_or_gzip, "zlib"),
         "application/x-bz2": (bz2.BZ2Decompressor, "bzip2"),
         "application/x-lzma": (lzma.LZMADecompressor, "lzma"),
     }

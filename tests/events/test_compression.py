@@ -4,6 +4,7 @@ zlib, bzip2 and lzma bodies up to the limit and refuse what they cannot bound.""
 from __future__ import annotations
 
 import bz2
+import gzip
 import lzma
 import zlib
 from collections.abc import Callable
@@ -17,9 +18,11 @@ LIMIT = 1000
 
 CODECS: list[tuple[str, Callable[[bytes], bytes]]] = [
     ("application/x-gzip", zlib.compress),
+    ("application/x-gzip", gzip.compress),  # a gzip file's stream, as other languages write
     ("application/x-bz2", bz2.compress),
     ("application/x-lzma", lzma.compress),
 ]
+IDS = ["zlib", "gzip", "bzip2", "lzma"]
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +34,7 @@ def own_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     bound_decompression(LIMIT)
 
 
-@pytest.mark.parametrize(("content_type", "compress"), CODECS, ids=["zlib", "bzip2", "lzma"])
+@pytest.mark.parametrize(("content_type", "compress"), CODECS, ids=IDS)
 def test_a_body_within_the_limit_inflates_as_before(
     content_type: str, compress: Callable[[bytes], bytes]
 ) -> None:
@@ -40,7 +43,7 @@ def test_a_body_within_the_limit_inflates_as_before(
         assert compression.decompress(compress(data), content_type) == data
 
 
-@pytest.mark.parametrize(("content_type", "compress"), CODECS, ids=["zlib", "bzip2", "lzma"])
+@pytest.mark.parametrize(("content_type", "compress"), CODECS, ids=IDS)
 def test_a_body_past_the_limit_is_refused_without_inflating_it(
     content_type: str, compress: Callable[[bytes], bytes]
 ) -> None:
@@ -50,7 +53,7 @@ def test_a_body_past_the_limit_is_refused_without_inflating_it(
         compression.decompress(compress(b"\0" * 50_000_000), content_type)  # 50 MB
 
 
-@pytest.mark.parametrize(("content_type", "compress"), CODECS, ids=["zlib", "bzip2", "lzma"])
+@pytest.mark.parametrize(("content_type", "compress"), CODECS, ids=IDS)
 def test_a_truncated_or_padded_body_is_refused(
     content_type: str, compress: Callable[[bytes], bytes]
 ) -> None:
