@@ -6,6 +6,7 @@ import base64
 import contextlib
 import json
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 from amqp.exceptions import MessageNacked
@@ -174,8 +175,12 @@ class Publisher:
 
 def _json_value(value: Any) -> Any:
     """A message header's value as JSON: strings, numbers, booleans, null, lists and
-    objects as they are; bytes as UTF-8 text (invalid bytes replaced); anything else
-    (an AMQP timestamp, a decimal) as its text."""
+    objects as they are; bytes as UTF-8 text (invalid bytes replaced); an AMQP timestamp
+    as RFC 3339 in UTC with a "Z", as the events write times; anything else (a decimal)
+    as its text."""
+    if isinstance(value, datetime):  # py-amqp gives a timestamp as a naive UTC time
+        aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return aware.astimezone(UTC).isoformat().replace("+00:00", "Z")
     if value is None or isinstance(value, str | bool | int):
         return value
     if isinstance(value, float):

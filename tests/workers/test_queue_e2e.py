@@ -23,6 +23,7 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, cast
 
@@ -403,7 +404,9 @@ def test_a_decision_in_a_content_encoding_on_rabbitmq(
         producer.publish(
             raw, exchange="interlock.decisions", routing_key="interlock.decisions",
             content_type="application/json", content_encoding=encoding,
-            headers={"x-test-nonce": nonce}, delivery_mode=2,
+            headers={"x-test-nonce": nonce, "x-sent-at": datetime(2023, 11, 14, 22, 13, 20),
+                     "x-amount": Decimal("123.45")},
+            delivery_mode=2,
         )  # fmt: skip
         outcome = dash.outcome(body["decision_id"])
         if fault is None:
@@ -423,6 +426,9 @@ def test_a_decision_in_a_content_encoding_on_rabbitmq(
     assert wire["error"]["message"].startswith(f"not a decision: {said}"), wire
     assert fault in wire["error"]["message"], wire
     assert envelope["headers"]["x-interlock-unreadable"].startswith(said), envelope
+    # typed AMQP headers as JSON (docs/queues.md): a timestamp as the events write times
+    assert envelope["headers"]["x-sent-at"] == "2023-11-14T22:13:20Z", envelope
+    assert envelope["headers"]["x-amount"] == "123.45", envelope
     assert envelope["decision_id"] == body["decision_id"] == wire["decision_id"], envelope
     assert envelope["event_id"] == wire["event_id"], envelope
     assert base64.b64decode(envelope["body_base64"]) == raw, "kept as sent"
