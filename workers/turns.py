@@ -18,7 +18,13 @@ from pydantic import ValidationError
 from interlock import AgentInput, InterlockError, ResumeValidationError, Status, StatusError
 from interlock.journal import TurnJournal
 from interlock.stores.failures import first_line, is_store_failure
-from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, TurnStartKind, session_lease
+from interlock.stores.sql_journal import (
+    REFUSED,
+    LeaseLost,
+    SqlTurnJournal,
+    TurnStartKind,
+    session_lease,
+)
 from interlock.tools import brief
 from schemas import ErrorInfo, Snapshot, SnapshotStatus, TurnFailed, TurnRequest
 
@@ -365,6 +371,11 @@ def _run(
             "session_id": out.session_id,
             "snapshot_id": out.snapshot_id,
         }
+    except LeaseLost as lost:
+        # This run stalled past its lease and another took the turn over: that run
+        # answers it. Nothing of this one was kept, its claim is that run's: ack, quietly.
+        log.warning("%s", lost.message)
+        return {"turn_id": request.turn_id, "superseded": lost.message}
     except Exception as exc:
         if retried(exc):
             raise  # the store or the broker: the task is retried, the turn goes on later

@@ -55,8 +55,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.dml import Insert
 
-from schemas import Snapshot, utcnow
+from schemas import Snapshot, Status, utcnow
 
+from ..errors import StatusError
 from .failures import first_line, retry_store_failures
 from .fast import FastStatement
 from .sql import SqlSessionStore, _from_db
@@ -64,6 +65,7 @@ from .sql import SqlSessionStore, _from_db
 __all__ = [
     "REFUSED",
     "REQUEST",
+    "LeaseLost",
     "SqlTurnJournal",
     "TurnEnding",
     "TurnStart",
@@ -76,10 +78,30 @@ __all__ = [
 
 _log = logging.getLogger("interlock.journal")
 
-RECORD_PAUSES = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0)
-"""Seconds between the tries of a journal write that met a store failure (about 8 s in
-all): a dropped connection or a server restart, waited out rather than the turn
-retried and its tool run again."""
+RECORD_PAUSES = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 30.0, 30.0)
+"""Seconds between the tries of a journal write that met a store failure (about two
+minutes in all): a dropped connection, a server restart or a failover, waited out
+rather than the turn retried and its tool run again. Waiting is safe however long it
+takes: the write goes in only while this run still holds the turn's lease
+(`LeaseLost`)."""
+
+
+class LeaseLost(StatusError):
+    """Another run of the turn took its lease from this one, which stalled past the
+    lease's life (a frozen process, a store outage longer than the lease, a turn that
+    outlived the broker's visibility timeout). This run stops: what it would still
+    write (a journal entry, the snapshot that ends the turn, its event) is not written,
+    and the other run gives the turn its one answer. ABORTED."""
+
+    default_status = Status.ABORTED
+
+    def __init__(self, turn_id: str, owner: str) -> None:
+        super().__init__(
+            Status.ABORTED,
+            f"turn {turn_id}: another run took over its lease (this run, {owner}, stalled "
+            "past it); this run stops and keeps nothing",
+        )
+        self.turn_id = turn_id
 
 
 def session_lease(session_id: str) -> str:
@@ -129,6 +151,12 @@ _RENEW = (
     .where(_LEASE.c.turn_id == bindparam("p_turn"), _LEASE.c.owner == bindparam("p_owner"))
     .values(expires_at=bindparam("p_until"))
 )
+_KEEP_LEASE = (
+    update(_LEASE)
+    .where(_LEASE.c.turn_id == bindparam("p_turn"), _LEASE.c.owner == bindparam("p_owner"))
+    .values(owner=bindparam("p_owner"))
+)
+"""No change: it counts (and locks) the row of a lease `p_owner` still holds."""
 _DROP_LEASE = delete(_LEASE).where(
     _LEASE.c.turn_id == bindparam("p_turn"), _LEASE.c.owner == bindparam("p_owner")
 )
@@ -174,6 +202,7 @@ _ENDED = (
 its refusal (no snapshot, status `refused`); no row while it has not ended."""
 
 _F_TAKE_FROM, _F_REQUEST_OF = FastStatement(_TAKE_FROM), FastStatement(_REQUEST_OF)
+_F_KEEP_LEASE = FastStatement(_KEEP_LEASE)
 # The hot path's statements, run on the DBAPI cursor (see `interlock.stores.fast`).
 _F_TAKE, _F_RENEW, _F_DROP_LEASE, _F_DROP_ENTRIES, _F_LOAD, _F_RECORD, _F_ENDED = (
     FastStatement(s) for s in (_TAKE, _RENEW, _DROP_LEASE, _DROP_ENTRIES, _LOAD, _RECORD, _ENDED)
@@ -399,9 +428,14 @@ class SqlTurnJournal:
         # same key (the window `interlock.journal` describes).
         relaxed = not key.startswith("model:")
 
+        with self._held_lock:
+            owner = self._held.get(turn_id)
+
         def write() -> None:
             try:
                 with self.store.writer(relaxed=relaxed).begin() as conn:
+                    if owner is not None:  # only while this run holds the turn
+                        self._still_held(conn, turn_id, owner)
                     _F_RECORD.execute(conn, row)
             except IntegrityError:
                 pass  # the first value written wins
@@ -598,10 +632,20 @@ class SqlTurnJournal:
         if owner is None:
             return
         params = {"p_turn": snapshot.turn_id, "p_owner": owner}
-        _F_DROP_LEASE.execute(conn, params)
+        if _F_DROP_LEASE.execute(conn, params).rowcount == 0:
+            # another run took the turn over: its snapshot, not this one, ends the turn
+            raise LeaseLost(snapshot.turn_id, owner)
         _F_DROP_ENTRIES.execute(conn, params)
         if session is not None:  # the session goes on from this snapshot: let it
             _F_DROP_LEASE.execute(conn, {"p_turn": session_lease(session), "p_owner": owner})
+
+    @staticmethod
+    def _still_held(conn: Connection, turn_id: str, owner: str) -> None:
+        """Raise `LeaseLost` unless `owner` holds the turn's lease (run out or not: no
+        one else took it), locking its row until `conn` commits, so that no other run
+        takes it over between this check and the write it guards."""
+        if _F_KEEP_LEASE.execute(conn, {"p_turn": turn_id, "p_owner": owner}).rowcount == 0:
+            raise LeaseLost(turn_id, owner)
 
     def end(self, turn_id: str, owner: str, *, snapshot_saved: bool) -> None:
         """The run of `turn_id` that `begin` started is over. When no snapshot ended the

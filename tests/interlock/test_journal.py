@@ -446,7 +446,9 @@ def test_renew_held_extends_every_lease_held_here(sql_journal: SqlTurnJournal) -
 
 def test_what_must_survive_the_machine_waits_for_the_disk(sql_journal: SqlTurnJournal) -> None:
     """Model responses (they fix the calls' refs and idempotency keys) commit durably;
-    leases and tool outcomes need only survive the process (relaxed writes)."""
+    leases and tool outcomes need only survive the process (relaxed writes). Each entry
+    of a turn held here is written with the check that its lease is still this run's
+    (an UPDATE of its row), in the entry's own transaction."""
     from sqlalchemy import event
 
     seen: list[tuple[str, bool]] = []
@@ -470,7 +472,9 @@ def test_what_must_survive_the_machine_waits_for_the_disk(sql_journal: SqlTurnJo
         event.remove(engine, "before_cursor_execute", on_execute)
     assert seen == [
         ("interlock_turn_lease", True),
+        ("interlock_turn_lease", False),
         ("interlock_journal", False),
+        ("interlock_turn_lease", True),
         ("interlock_journal", True),
         ("interlock_turn_lease", True),
         ("interlock_turn_lease", True),

@@ -1,0 +1,190 @@
+"""A run that stalled past its turn lease (a frozen process, a store outage longer than
+the lease, a turn that outlived Redis's visibility timeout) while another run of the
+same turn took the lease over keeps nothing once it wakes: its next journal entry and
+the snapshot that would end the turn are refused (`LeaseLost`), so the turn has one
+ending, one event and one chain of snapshots, and a tool call after the stall is not
+run a second time. The run is acked, quietly: the other run answers the turn."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from events.outbox import outbox_table
+from interlock import AgentInput, Interlock, Message, ModelRequest, Part, SqlSessionStore, scripted
+from interlock.stores.sql_journal import LeaseLost, SqlTurnJournal
+from workers.runtime import Runtime
+from workers.settings import Settings
+from workers.turns import new_turn_request, run_turn
+
+OTHER = "another-host:0:4242:cafe"
+"""The owner of the run that took the turn over while this one stalled."""
+
+
+class Stall:
+    """Where the test's run stalls: at that point another run, of another process (a
+    journal of its own on the same database), takes its lease over."""
+
+    def __init__(self, store_url: str) -> None:
+        self.other = SqlTurnJournal(SqlSessionStore(store_url))
+        self.turn_id = ""
+
+    def take_over(self) -> None:
+        held = self.other.holder(self.turn_id)
+        assert held is not None, "the stalled run holds the lease"
+        assert self.other.take_from(self.turn_id, held[0], OTHER, ttl=600)
+
+
+def _registry(stall: Stall, ran: list[str], *, stall_in: str) -> Interlock:
+    """An agent whose model asks for `first` then `second` (one call each, in two
+    steps), then answers. The run stalls in the tool `first`, or in the model's last
+    step (`stall_in="model"`: after every journal entry, before the snapshot)."""
+    registry = Interlock(secret="t")
+
+    @registry.tool(name="first", description="a side effect")
+    def first(inp: dict[str, Any]) -> dict[str, Any]:
+        ran.append("first")
+        if stall_in == "first":
+            stall.take_over()
+        return {"ok": 1}
+
+    @registry.tool(name="second", description="another side effect")
+    def second(inp: dict[str, Any]) -> dict[str, Any]:
+        ran.append("second")
+        return {"ok": 2}
+
+    def model(request: ModelRequest) -> Message:
+        tools = sum(m.role == "tool" for m in request.messages)
+        if tools == 0:
+            return scripted.reply(scripted.tool_call("first", {"n": 1}))
+        if tools == 1:
+            return scripted.reply(scripted.tool_call("second", {"n": 2}))
+        if stall_in == "model":
+            stall.take_over()
+        return scripted.text("done")
+
+    scripted.define(registry, "steps", model)
+    registry.define_agent("a", model="scripted/steps", tools=[first, second])
+    return registry
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/fence.db"
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def make(store_url: str) -> Iterator[Callable[[str], tuple[Runtime, Stall, list[str]]]]:
+    made: list[Runtime] = []
+
+    stalls: list[Stall] = []
+
+    def build(stall_in: str) -> tuple[Runtime, Stall, list[str]]:
+        stall, ran = Stall(store_url), list[str]()
+        settings = Settings(broker_url="memory://localhost/", store_url=store_url)
+        runtime = Runtime(settings, _registry(stall, ran, stall_in=stall_in))
+        made.append(runtime)
+        stalls.append(stall)
+        return runtime, stall, ran
+
+    yield build
+    for runtime in made:
+        runtime.close()
+    for stall in stalls:
+        stall.other.store.dispose()
+
+
+def _request(stall: Stall, session: str) -> dict[str, Any]:
+    said = AgentInput(message=Message(role="user", content=[Part(text="go")]))
+    request = new_turn_request("a", said, session_id=session)
+    stall.turn_id = request.turn_id
+    return request.model_dump(mode="json")
+
+
+def _events(runtime: Runtime) -> list[dict[str, Any]]:
+    with runtime.store.engine.connect() as conn:
+        rows = conn.execute(select(outbox_table.c.body)).all()
+    return [json.loads(r[0]) for r in rows]
+
+
+@pytest.mark.parametrize("stall_in", ["first", "model"])
+def test_a_run_whose_lease_was_taken_over_keeps_nothing(
+    make: Callable[[str], tuple[Runtime, Stall, list[str]]],
+    stall_in: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runtime, stall, ran = make(stall_in)
+    request = _request(stall, f"s-{stall_in}")
+    with caplog.at_level("WARNING", logger="interlock.worker"):
+        result = run_turn(runtime, request)
+    assert result.get("superseded"), result
+    assert "another run took over its lease" in result["superseded"], result
+    assert "snapshot_id" not in result and "error" not in result, result
+    said = [r.getMessage() for r in caplog.records if "took over its lease" in r.getMessage()]
+    assert said, "the stalled run says why it stopped"
+    assert runtime.store.list_snapshots(session_id=request["session_id"]) == [], "no snapshot"
+    assert _events(runtime) == [], "no event: the other run gives the turn its answer"
+    held = runtime.journal.holder(request["turn_id"])
+    assert held is not None and held[0] == OTHER, "the lease stays the other run's"
+    journal = runtime.journal.load(request["session_id"], request["turn_id"])
+    if stall_in == "first":
+        # stalled inside `first`: its outcome is not journaled by this run, and the
+        # call after the stall (`second`) did not run
+        assert ran == ["first"], ran
+        assert sorted(journal) == ["model:0"], journal
+    else:
+        assert ran == ["first", "second"], ran
+        assert {"tool:" in k for k in journal} == {True, False}, "written before the stall"
+
+
+def test_the_other_run_then_ends_the_turn_once(
+    make: Callable[[str], tuple[Runtime, Stall, list[str]]],
+) -> None:
+    """The run that took the turn over replays what the stalled one journaled before
+    the stall and ends the turn: one snapshot, one turn.completed."""
+    runtime, stall, ran = make("model")
+    request = _request(stall, "s-after")
+    assert run_turn(runtime, request).get("superseded")
+    # the other run's lease runs out unused (say it died too): the next delivery takes over
+    runtime.journal.expire(request["turn_id"], OTHER)
+    stall.take_over = lambda: None  # type: ignore[method-assign]
+    done = run_turn(runtime, request)
+    assert done.get("finish_reason") == "stop", done
+    assert ran == ["first", "second"], "the journaled calls did not run again"
+    [snapshot] = runtime.store.list_snapshots(session_id="s-after")
+    assert snapshot.snapshot_id == done["snapshot_id"]
+    assert [e["type"] for e in _events(runtime)] == ["turn.completed"]
+
+
+def test_a_lease_run_out_but_not_taken_is_still_this_runs(store_url: str) -> None:
+    """A lease that ran out while its run stalled, with no other run taking it, is still
+    that run's: its journal entry is written (no run of the turn is beside it)."""
+    store, elsewhere = SqlSessionStore(store_url), SqlSessionStore(store_url)
+    try:
+        journal = SqlTurnJournal(store)
+        start = journal.begin("t-late", "w-1", 0.0)  # a lease that is out at once
+        assert start.kind.name == "NEW", start
+        journal.record("s-late", "t-late", "tool:r1", {"ok": True})
+        assert journal.load("s-late", "t-late") == {"tool:r1": {"ok": True}}
+        assert SqlTurnJournal(elsewhere).take_from("t-late", "w-1", "w-2", ttl=60)
+        with pytest.raises(LeaseLost) as lost:
+            journal.record("s-late", "t-late", "tool:r2", {"ok": True})
+        assert lost.value.status.value == "ABORTED"
+        assert str(lost.value) == (
+            "ABORTED: turn t-late: another run took over its lease (this run, w-1, stalled "
+            "past it); this run stops and keeps nothing"
+        )
+        assert journal.load("s-late", "t-late") == {"tool:r1": {"ok": True}}, "not written"
+        journal.end("t-late", "w-1", snapshot_saved=False)
+        held = journal.holder("t-late")
+        assert held is not None and held[0] == "w-2", "ending the stalled run leaves it be"
+    finally:
+        store.dispose()
+        elsewhere.dispose()
