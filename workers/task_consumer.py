@@ -28,6 +28,7 @@ from celery.worker.consumer import consumer as celery_consumer
 from kombu.message import Message
 
 from events.publisher import Publisher
+from events.redis_transport import UNREADABLE
 from events.topology import TURNS, TURNS_DEAD
 
 from .app import runtime_of
@@ -56,7 +57,13 @@ class TaskConsumer(Consumer):  # type: ignore[misc]
         return on_task_received
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
-        reason = f"the task message cannot be decoded: {exc}"
+        headers = message.headers if isinstance(message.headers, dict) else {}
+        wrong = headers.get(UNREADABLE)  # an item on the Redis list that is no message
+        reason = (
+            f"not a Celery task message: {wrong}"
+            if isinstance(wrong, str)
+            else f"the task message cannot be decoded: {exc}"
+        )
         self._handle(message, reason, functools.partial(super().on_decode_error, message, exc))
 
     def on_unknown_message(self, body: Any, message: Message) -> None:

@@ -173,6 +173,38 @@ def test_a_message_that_is_no_task_is_kept(stack: QueueStack, dash: Dashboard) -
     still_serving(dash)
 
 
+@pytest.mark.parametrize(
+    ("item", "why"),
+    [
+        (b"run my turn, please", "the queue item is not JSON: "),
+        (b"[1, 2]", "the queue item is a JSON list, not a kombu message"),
+    ],
+    ids=["text", "array"],
+)
+def test_an_item_pushed_onto_the_list_that_is_no_message_is_kept_as_such(
+    stack: QueueStack, dash: Dashboard, item: bytes, why: str
+) -> None:
+    """An item a client pushed onto the Redis list `interlock.turns` itself, that is no
+    kombu message: kept with a reason that says so (and not Celery's "Refusing to
+    deserialize ... application/octet-stream", which named the content type Interlock's
+    transport gave the bytes), the exact bytes kept."""
+    assert stack.worker is not None
+    dead = dead_turns_reader(stack.broker_url)
+    client = redis.Redis.from_url(stack.broker_url)
+    try:
+        client.lpush(TURNS, item)
+        envelope, _, _ = dead.wait(
+            lambda m: base64.b64decode(m["body_base64"]) == item, "the item on the dead letters"
+        )
+    finally:
+        client.close()
+        dead.close()
+    assert envelope["reason"].startswith(f"not a Celery task message: {why}"), envelope
+    assert "Refusing to deserialize" not in envelope["reason"], envelope
+    assert envelope["headers"]["x-interlock-unreadable"] in envelope["reason"], envelope
+    still_serving(dash)
+
+
 def test_a_task_with_no_argument_is_answered_with_turn_failed(
     stack: QueueStack, dash: Dashboard
 ) -> None:
