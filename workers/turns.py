@@ -21,6 +21,7 @@ from interlock.stores.failures import first_line, is_store_failure
 from interlock.stores.sql_journal import (
     REFUSED,
     LeaseLost,
+    SessionLeaseLost,
     SqlTurnJournal,
     TurnStartKind,
     session_lease,
@@ -371,6 +372,10 @@ def _run(
             "session_id": out.session_id,
             "snapshot_id": out.snapshot_id,
         }
+    except SessionLeaseLost as lost:
+        # Another turn of the session ran meanwhile: this one runs again, after it.
+        log.warning("%s", lost.message)
+        raise SessionBusy(lost.message) from lost
     except LeaseLost as lost:
         # This run stalled past its lease and another took the turn over: that run
         # answers it. Nothing of this one was kept, its claim is that run's: ack, quietly.

@@ -20,6 +20,7 @@ run may have left journal entries.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import json
 import logging
@@ -66,6 +67,7 @@ __all__ = [
     "REFUSED",
     "REQUEST",
     "LeaseLost",
+    "SessionLeaseLost",
     "SqlTurnJournal",
     "TurnEnding",
     "TurnStart",
@@ -78,12 +80,12 @@ __all__ = [
 
 _log = logging.getLogger("interlock.journal")
 
-RECORD_PAUSES = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 30.0, 30.0)
-"""Seconds between the tries of a journal write that met a store failure (about two
-minutes in all): a dropped connection, a server restart or a failover, waited out
-rather than the turn retried and its tool run again. Waiting is safe however long it
-takes: the write goes in only while this run still holds the turn's lease
-(`LeaseLost`)."""
+RECORD_PAUSES = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+"""Seconds between the tries of a journal write that met a store failure (about 30 s in
+all): a dropped connection, a server restart or a failover, waited out rather than the
+turn retried and its tool run again. Waiting is safe: the write goes in only while this
+run still holds the turn's lease (`LeaseLost`). Not longer, so that a worker told to
+stop meanwhile stops within a container's usual grace."""
 
 
 class LeaseLost(StatusError):
@@ -102,6 +104,28 @@ class LeaseLost(StatusError):
             "past it); this run stops and keeps nothing",
         )
         self.turn_id = turn_id
+
+
+class SessionLeaseLost(LeaseLost):
+    """Another turn of the session took the session's lease from this run, which stalled
+    past it, and may have ended with a snapshot this one did not start from: this run's
+    snapshot would fork the session. Nothing is kept, and the turn is to run again (its
+    journal replays), from where the session stands then."""
+
+    def __init__(self, turn_id: str, owner: str, session: str) -> None:
+        super().__init__(turn_id, owner)
+        self.message = (
+            f"turn {turn_id}: another turn of session {session} took over its lease (this "
+            f"run, {owner}, stalled past it); this run keeps nothing, and the turn runs again"
+        )
+
+
+_RUN: contextvars.ContextVar[tuple[str, str, str | None] | None] = contextvars.ContextVar(
+    "interlock_turn_run", default=None
+)
+"""The turn this thread (context) runs, as `begin` started it: (turn id, owner, session).
+Two runs of one turn in one process (the thread pool, a stalled run and its take-over)
+each check their own lease, not whichever `begin` ran last."""
 
 
 def session_lease(session_id: str) -> str:
@@ -161,6 +185,17 @@ _DROP_LEASE = delete(_LEASE).where(
     _LEASE.c.turn_id == bindparam("p_turn"), _LEASE.c.owner == bindparam("p_owner")
 )
 _DROP_TURN_LEASE = delete(_LEASE).where(_LEASE.c.turn_id == bindparam("p_turn"))
+_LEASE_ROW = (
+    select(_LEASE.c.owner, _LEASE.c.expires_at)
+    .where(_LEASE.c.turn_id == bindparam("p_turn"))
+    .with_for_update()
+)
+_RESTORE = (
+    update(_LEASE)
+    .where(_LEASE.c.turn_id == bindparam("p_turn"), _LEASE.c.owner == bindparam("p_owner"))
+    .values(owner=bindparam("p_holder"), expires_at=bindparam("p_until"))
+)
+"""A lease taken and given back, as it was found (its holder's, run out)."""
 _LEASE_OWNER = select(_LEASE.c.owner).where(_LEASE.c.turn_id == bindparam("p_turn"))
 _DROP_ENTRIES = delete(_JOURNAL).where(_JOURNAL.c.turn_id == bindparam("p_turn"))
 _LOAD = select(_JOURNAL.c.key, _JOURNAL.c.body).where(_JOURNAL.c.turn_id == bindparam("p_turn"))
@@ -202,7 +237,8 @@ _ENDED = (
 its refusal (no snapshot, status `refused`); no row while it has not ended."""
 
 _F_TAKE_FROM, _F_REQUEST_OF = FastStatement(_TAKE_FROM), FastStatement(_REQUEST_OF)
-_F_KEEP_LEASE = FastStatement(_KEEP_LEASE)
+_F_KEEP_LEASE, _F_LEASE_ROW = FastStatement(_KEEP_LEASE), FastStatement(_LEASE_ROW)
+_F_RESTORE = FastStatement(_RESTORE)
 # The hot path's statements, run on the DBAPI cursor (see `interlock.stores.fast`).
 _F_TAKE, _F_RENEW, _F_DROP_LEASE, _F_DROP_ENTRIES, _F_LOAD, _F_RECORD, _F_ENDED = (
     FastStatement(s) for s in (_TAKE, _RENEW, _DROP_LEASE, _DROP_ENTRIES, _LOAD, _RECORD, _ENDED)
@@ -428,8 +464,7 @@ class SqlTurnJournal:
         # same key (the window `interlock.journal` describes).
         relaxed = not key.startswith("model:")
 
-        with self._held_lock:
-            owner = self._held.get(turn_id)
+        owner, _ = self._run_of(turn_id)
 
         def write() -> None:
             try:
@@ -478,6 +513,9 @@ class SqlTurnJournal:
         kept its fingerprint): it takes that entry itself, so that a first start racing
         it (PostgreSQL: the two are not otherwise serialized) waits for it and then
         finds the turn ended."""
+        mine = {"p_turn": turn_id, "p_owner": owner}
+        if owner is not None and _F_KEEP_LEASE.execute(conn, mine).rowcount == 0:
+            return False  # (checked first, its row locked till commit: no take-over races it)
         if self._ended(conn, {"p_turn": turn_id}) is not None:
             return False
         held = conn.execute(_LEASE_OWNER, {"p_turn": turn_id}).first()
@@ -521,6 +559,7 @@ class SqlTurnJournal:
         now = utcnow()
         params = {"p_turn": turn_id, "p_owner": owner, "p_now": now}
         params["p_until"] = now + timedelta(seconds=ttl)
+        found: tuple[Any, ...] | None = None
         with self.store.writer(relaxed=True).begin() as conn:
             if self._insert_if_new.execute(conn, params).first() is not None:
                 kind = TurnStartKind.NEW  # the usual case: one statement
@@ -529,12 +568,14 @@ class SqlTurnJournal:
                     return ended
             elif (ended := self._ended(conn, params)) is not None:
                 return ended
-            elif _F_TAKE.execute(conn, params).rowcount == 1:
-                kind = TurnStartKind.TAKEN_OVER
             else:
-                return TurnStart(TurnStartKind.BUSY)
+                # as found, to give back: a run that stalled past it may still go on
+                found = _F_LEASE_ROW.execute(conn, params).first()
+                if found is None or _F_TAKE.execute(conn, params).rowcount != 1:
+                    return TurnStart(TurnStartKind.BUSY)
+                kind = TurnStartKind.TAKEN_OVER
             if request is not None and not self._same_request(conn, turn_id, session, request):
-                _give_back(conn, kind, params)  # (a refusal that raced it may have ended it)
+                _give_back(conn, kind, params, found)  # (a refusal that raced it may have ended it)
                 return self._ended(conn, params) or TurnStart(TurnStartKind.FOREIGN)
             if session is not None:
                 key = session_lease(session)
@@ -542,7 +583,7 @@ class SqlTurnJournal:
                     conn, {**params, "p_key": key, "p_holder": None}
                 ).first()
                 if taken is None:
-                    _give_back(conn, kind, params)
+                    _give_back(conn, kind, params, found)
                     return TurnStart(TurnStartKind.SESSION_BUSY)
         self._hold(turn_id, owner, session)
         return TurnStart(kind)
@@ -579,6 +620,7 @@ class SqlTurnJournal:
         return False, json.loads(found[0])
 
     def _hold(self, turn_id: str, owner: str, session: str | None) -> None:
+        _RUN.set((turn_id, owner, session))
         with self._held_lock:
             self._held[turn_id] = owner
             if session is not None:
@@ -604,18 +646,23 @@ class SqlTurnJournal:
             ended = self._ended(conn, {"p_turn": turn_id})
         if ended is not None:
             return ended
+        found = self.holder(turn_id)
         if not self.acquire(turn_id, owner, ttl):
             return TurnStart(TurnStartKind.BUSY)
+        kind = TurnStartKind.NEW if found is None else TurnStartKind.TAKEN_OVER
+        params = {"p_turn": turn_id, "p_owner": owner}
         if request is not None:
             with self.store.writer(relaxed=True).begin() as conn:
                 same = self._same_request(conn, turn_id, session, request)
+                if not same:
+                    _give_back(conn, kind, params, found)
             if not same:
-                self.expire(turn_id, owner)
                 with self.store.engine.begin() as conn:
                     ended = self._ended(conn, {"p_turn": turn_id})
                 return ended or TurnStart(TurnStartKind.FOREIGN)
         if session is not None and not self.acquire(session_lease(session), owner, ttl):
-            self.expire(turn_id, owner)
+            with self.store.writer(relaxed=True).begin() as conn:
+                _give_back(conn, kind, params, found)
             return TurnStart(TurnStartKind.SESSION_BUSY)
         self._hold(turn_id, owner, session)
         return TurnStart(TurnStartKind.TAKEN_OVER)
@@ -626,9 +673,7 @@ class SqlTurnJournal:
         answers ENDED and nothing replays them."""
         if not created or snapshot.turn_id is None:
             return
-        with self._held_lock:
-            owner = self._held.get(snapshot.turn_id)
-            session = self._sessions.get(snapshot.turn_id)
+        owner, session = self._run_of(snapshot.turn_id)
         if owner is None:
             return
         params = {"p_turn": snapshot.turn_id, "p_owner": owner}
@@ -637,7 +682,18 @@ class SqlTurnJournal:
             raise LeaseLost(snapshot.turn_id, owner)
         _F_DROP_ENTRIES.execute(conn, params)
         if session is not None:  # the session goes on from this snapshot: let it
-            _F_DROP_LEASE.execute(conn, {"p_turn": session_lease(session), "p_owner": owner})
+            key = {"p_turn": session_lease(session), "p_owner": owner}
+            if _F_DROP_LEASE.execute(conn, key).rowcount == 0:
+                raise SessionLeaseLost(snapshot.turn_id, owner, session)
+
+    def _run_of(self, turn_id: str) -> tuple[str | None, str | None]:
+        """The owner and session of this context's run of `turn_id` (else, for a caller
+        that is no such run, of the last `begin` of it in this process)."""
+        run = _RUN.get()
+        if run is not None and run[0] == turn_id:
+            return run[1], run[2]
+        with self._held_lock:
+            return self._held.get(turn_id), self._sessions.get(turn_id)
 
     @staticmethod
     def _still_held(conn: Connection, turn_id: str, owner: str) -> None:
@@ -652,10 +708,14 @@ class SqlTurnJournal:
         turn (it was refused, or the run raised), its lease is expired, not deleted:
         the next delivery takes it over and replays what this run journaled. The
         session's lease, if it took one, is given up (the snapshot gave it up already)."""
+        run = _RUN.get()
+        session = run[2] if run is not None and run[:2] == (turn_id, owner) else None
+        if run is not None and run[:2] == (turn_id, owner):
+            _RUN.set(None)
         with self._held_lock:
-            if self._held.get(turn_id) == owner:
+            if self._held.get(turn_id) == owner:  # not another run's, begun here since
                 del self._held[turn_id]
-            session = self._sessions.pop(turn_id, None)
+                session = self._sessions.pop(turn_id, None) or session
             if session is not None and self._held.get(session_lease(session)) == owner:
                 del self._held[session_lease(session)]
         if snapshot_saved:
@@ -783,10 +843,15 @@ class SqlTurnJournal:
         return (str(row[0]), row[1]) if row is not None else None
 
 
-def _give_back(conn: Connection, kind: TurnStartKind, params: dict[str, Any]) -> None:
-    """Give back the turn's lease `begin` took, as it was found: none (NEW), or run out
-    (TAKEN_OVER: the next start replays the journal)."""
-    if kind is TurnStartKind.NEW:
+def _give_back(
+    conn: Connection, kind: TurnStartKind, params: dict[str, Any], found: tuple[Any, ...] | None
+) -> None:
+    """Give back the turn's lease `begin` took, as it was found: none (NEW), or its
+    holder's, run out (TAKEN_OVER: the next start replays the journal, and a holder that
+    only stalled goes on holding it)."""
+    if kind is TurnStartKind.NEW or found is None:
         _F_DROP_LEASE.execute(conn, params)
     else:
-        _F_RENEW.execute(conn, {**params, "p_until": params["p_now"]})
+        holder, until = found
+        restore = {"p_turn": params["p_turn"], "p_owner": params["p_owner"]}
+        _F_RESTORE.execute(conn, {**restore, "p_holder": holder, "p_until": until})

@@ -8,6 +8,7 @@ run a second time. The run is acked, quietly: the other run answers the turn."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,28 @@ class Stall:
         self.turn_id = ""
 
     def take_over(self) -> None:
+        elsewhere(self._take_over)
+
+    def _take_over(self) -> None:
         held = self.other.holder(self.turn_id)
         assert held is not None, "the stalled run holds the lease"
         assert self.other.take_from(self.turn_id, held[0], OTHER, ttl=600)
+
+
+def elsewhere(do: Callable[[], object]) -> None:
+    """`do()` in a thread of its own, as another run would be (its own context)."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            do()
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert not failed, failed
 
 
 def _registry(stall: Stall, ran: list[str], *, stall_in: str) -> Interlock:
@@ -166,14 +186,16 @@ def test_the_other_run_then_ends_the_turn_once(
 def test_a_lease_run_out_but_not_taken_is_still_this_runs(store_url: str) -> None:
     """A lease that ran out while its run stalled, with no other run taking it, is still
     that run's: its journal entry is written (no run of the turn is beside it)."""
-    store, elsewhere = SqlSessionStore(store_url), SqlSessionStore(store_url)
+    store, other = SqlSessionStore(store_url), SqlSessionStore(store_url)
     try:
         journal = SqlTurnJournal(store)
         start = journal.begin("t-late", "w-1", 0.0)  # a lease that is out at once
         assert start.kind.name == "NEW", start
         journal.record("s-late", "t-late", "tool:r1", {"ok": True})
         assert journal.load("s-late", "t-late") == {"tool:r1": {"ok": True}}
-        assert SqlTurnJournal(elsewhere).take_from("t-late", "w-1", "w-2", ttl=60)
+        elsewhere(lambda: SqlTurnJournal(other).take_from("t-late", "w-1", "w-2", ttl=60))
+        assert journal.holder("t-late") is not None
+        assert journal.holder("t-late")[0] == "w-2"  # type: ignore[index]
         with pytest.raises(LeaseLost) as lost:
             journal.record("s-late", "t-late", "tool:r2", {"ok": True})
         assert lost.value.status.value == "ABORTED"
@@ -187,4 +209,106 @@ def test_a_lease_run_out_but_not_taken_is_still_this_runs(store_url: str) -> Non
         assert held is not None and held[0] == "w-2", "ending the stalled run leaves it be"
     finally:
         store.dispose()
-        elsewhere.dispose()
+        other.dispose()
+
+
+def _once(do: Callable[[], None]) -> Callable[[], None]:
+    done: list[bool] = []
+
+    def first_time() -> None:
+        if not done:
+            done.append(True)
+            do()
+
+    return first_time
+
+
+def test_two_runs_of_a_turn_in_one_process_check_their_own_leases(
+    make: Callable[[str], tuple[Runtime, Stall, list[str]]],
+) -> None:
+    """The thread pool: the run that takes a stalled turn over may be a thread of the
+    same process. Each run checks its own lease, not the one `begin` took last there,
+    so the stalled one still keeps nothing (its lease is gone: the other's snapshot
+    ended the turn)."""
+    from interlock.journal import session_for_turn
+
+    runtime, stall, ran = make("first")
+    request = {**_request(stall, "unused"), "session_id": None}  # no in-process session lock
+    results: list[dict[str, Any]] = []
+
+    def redelivered() -> None:
+        turn = request["turn_id"]
+        runtime.journal.expire(turn, runtime.journal.held()[turn])  # it stalled past it
+        elsewhere(lambda: results.append(run_turn(runtime, request)))
+
+    stall.take_over = _once(redelivered)  # type: ignore[method-assign]
+    stalled = run_turn(runtime, request)
+    [other] = results
+    assert other.get("finish_reason") == "stop", other
+    assert stalled.get("superseded"), stalled
+    assert ran == ["first", "first", "second"], "the call after the stall ran once"
+    [snapshot] = runtime.store.list_snapshots(session_id=session_for_turn(request["turn_id"]))
+    assert snapshot.snapshot_id == other["snapshot_id"]
+    assert [e["type"] for e in _events(runtime)] == ["turn.completed"]
+
+
+def test_a_foreign_task_meanwhile_leaves_the_stalled_run_its_lease(
+    make: Callable[[str], tuple[Runtime, Stall, list[str]]],
+) -> None:
+    """A task reusing the turn id with another request, started while the turn's run
+    stalled past its lease, is refused (ALREADY_EXISTS) and gives the lease back as it
+    found it: the stalled run's, which goes on and ends the turn."""
+    runtime, stall, ran = make("first")
+    request = _request(stall, "s-foreign")
+    forged = {**request, "input": {"message": {"role": "user", "content": [{"text": "x"}]}}}
+    refused: list[dict[str, Any]] = []
+
+    def foreign_meanwhile() -> None:
+        turn = request["turn_id"]
+        runtime.journal.expire(turn, runtime.journal.held()[turn])
+        elsewhere(lambda: refused.append(run_turn(runtime, forged)))
+
+    stall.take_over = _once(foreign_meanwhile)  # type: ignore[method-assign]
+    done = run_turn(runtime, request)
+    assert refused[0]["error"]["status"] == "ALREADY_EXISTS", refused
+    assert done.get("finish_reason") == "stop", done
+    assert ran == ["first", "second"]
+    [snapshot] = runtime.store.list_snapshots(session_id="s-foreign")
+    assert snapshot.snapshot_id == done["snapshot_id"]
+
+
+def test_a_turn_whose_session_ran_another_turn_meanwhile_runs_again_after_it(
+    make: Callable[[str], tuple[Runtime, Stall, list[str]]],
+) -> None:
+    """A run that stalled past its session's lease while another turn of the session
+    ran and ended would fork the session with its snapshot: it keeps nothing and is
+    retried (SessionBusy), and the retry replays its journal from where the session
+    stands (its calls not run again): one chain of snapshots."""
+    from interlock.stores.sql_journal import session_lease
+    from workers.turns import SessionBusy
+
+    runtime, stall, ran = make("first")
+    worker2, _, ran2 = make("nowhere")  # another worker process: a runtime of its own
+    first = _request(stall, "s-fork")
+    said = AgentInput(message=Message(role="user", content=[Part(text="meanwhile")]))
+    second = new_turn_request("a", said, session_id="s-fork").model_dump(mode="json")
+    other: list[dict[str, Any]] = []
+
+    def another_turn_meanwhile() -> None:
+        owner = runtime.journal.held()[first["turn_id"]]
+        runtime.journal.expire(session_lease("s-fork"), owner)  # it stalled past it
+        elsewhere(lambda: other.append(run_turn(worker2, second)))
+
+    stall.take_over = _once(another_turn_meanwhile)  # type: ignore[method-assign]
+    with pytest.raises(SessionBusy, match="another turn of session s-fork took over"):
+        run_turn(runtime, first)
+    assert other[0].get("finish_reason") == "stop", other
+    retried = run_turn(runtime, first)  # the task's retry
+    assert retried.get("finish_reason") == "stop", retried
+    assert (ran, ran2) == (["first", "second"], ["first", "second"]), "each call ran once"
+    chain = runtime.store.list_snapshots(session_id="s-fork")
+    assert len(chain) == 2, chain
+    ends = {s.snapshot_id: s for s in chain}
+    last = ends[retried["snapshot_id"]]
+    assert last.parent_id == other[0]["snapshot_id"], "after the other turn: no fork"
+    assert [e["type"] for e in _events(runtime)] == ["turn.completed", "turn.completed"]
