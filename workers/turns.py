@@ -378,9 +378,12 @@ def _run(
         raise SessionBusy(lost.message) from lost
     except LeaseLost as lost:
         # This run stalled past its lease and another took the turn over: that run
-        # answers it. Nothing of this one was kept, its claim is that run's: ack, quietly.
+        # answers it; nothing of this one was kept. Retried later as a busy turn is,
+        # not acked alone: on Redis the other run's delivery is this message (the same
+        # tag), and the retry's copy stands in for it, should that run die too (it then
+        # finds the turn ended, or takes it over).
         log.warning("%s", lost.message)
-        return {"turn_id": request.turn_id, "superseded": lost.message}
+        raise TurnBusy(lost.message) from lost
     except Exception as exc:
         if retried(exc):
             raise  # the store or the broker: the task is retried, the turn goes on later

@@ -3,7 +3,9 @@ the lease, a turn that outlived Redis's visibility timeout) while another run of
 same turn took the lease over keeps nothing once it wakes: its next journal entry and
 the snapshot that would end the turn are refused (`LeaseLost`), so the turn has one
 ending, one event and one chain of snapshots, and a tool call after the stall is not
-run a second time. The run is acked, quietly: the other run answers the turn."""
+run a second time. Its task is retried later, as a busy turn's is: the other run
+answers the turn, and the retry's copy finds it ended (or takes it over, should that
+run die too: on Redis its delivery is the stalled run's message, which is acked)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from interlock import AgentInput, Interlock, Message, ModelRequest, Part, SqlSes
 from interlock.stores.sql_journal import LeaseLost, SqlTurnJournal
 from workers.runtime import Runtime
 from workers.settings import Settings
-from workers.turns import new_turn_request, run_turn
+from workers.turns import TurnBusy, new_turn_request, run_turn
 
 OTHER = "another-host:0:4242:cafe"
 """The owner of the run that took the turn over while this one stalled."""
@@ -142,11 +144,12 @@ def test_a_run_whose_lease_was_taken_over_keeps_nothing(
 ) -> None:
     runtime, stall, ran = make(stall_in)
     request = _request(stall, f"s-{stall_in}")
-    with caplog.at_level("WARNING", logger="interlock.worker"):
-        result = run_turn(runtime, request)
-    assert result.get("superseded"), result
-    assert "another run took over its lease" in result["superseded"], result
-    assert "snapshot_id" not in result and "error" not in result, result
+    with (
+        caplog.at_level("WARNING", logger="interlock.worker"),
+        pytest.raises(TurnBusy, match="another run took over its lease") as busy,
+    ):
+        run_turn(runtime, request)  # retried later, as a busy turn (not SessionBusy)
+    assert type(busy.value) is TurnBusy, busy.value
     said = [r.getMessage() for r in caplog.records if "took over its lease" in r.getMessage()]
     assert said, "the stalled run says why it stopped"
     assert runtime.store.list_snapshots(session_id=request["session_id"]) == [], "no snapshot"
@@ -171,10 +174,13 @@ def test_the_other_run_then_ends_the_turn_once(
     the stall and ends the turn: one snapshot, one turn.completed."""
     runtime, stall, ran = make("model")
     request = _request(stall, "s-after")
-    assert run_turn(runtime, request).get("superseded")
-    # the other run's lease runs out unused (say it died too): the next delivery takes over
-    runtime.journal.expire(request["turn_id"], OTHER)
+    with pytest.raises(TurnBusy):
+        run_turn(runtime, request)
     stall.take_over = lambda: None  # type: ignore[method-assign]
+    with pytest.raises(TurnBusy, match="is running elsewhere"):
+        run_turn(runtime, request)  # the retry, while the other run holds the turn
+    # the other run dies (its lease runs out unused): the retry's copy takes over
+    runtime.journal.expire(request["turn_id"], OTHER)
     done = run_turn(runtime, request)
     assert done.get("finish_reason") == "stop", done
     assert ran == ["first", "second"], "the journaled calls did not run again"
@@ -242,10 +248,12 @@ def test_two_runs_of_a_turn_in_one_process_check_their_own_leases(
         elsewhere(lambda: results.append(run_turn(runtime, request)))
 
     stall.take_over = _once(redelivered)  # type: ignore[method-assign]
-    stalled = run_turn(runtime, request)
+    with pytest.raises(TurnBusy, match="another run took over its lease"):
+        run_turn(runtime, request)
     [other] = results
     assert other.get("finish_reason") == "stop", other
-    assert stalled.get("superseded"), stalled
+    again = run_turn(runtime, request)  # the stalled run's retry finds the turn ended
+    assert again.get("duplicate") is True and again["snapshot_id"] == other["snapshot_id"]
     assert ran == ["first", "first", "second"], "the call after the stall ran once"
     [snapshot] = runtime.store.list_snapshots(session_id=session_for_turn(request["turn_id"]))
     assert snapshot.snapshot_id == other["snapshot_id"]
