@@ -120,12 +120,13 @@ class SessionLeaseLost(LeaseLost):
         )
 
 
-_RUN: contextvars.ContextVar[tuple[str, str, str | None] | None] = contextvars.ContextVar(
+_RUN: contextvars.ContextVar[tuple[object, str, str, str | None] | None] = contextvars.ContextVar(
     "interlock_turn_run", default=None
 )
-"""The turn this thread (context) runs, as `begin` started it: (turn id, owner, session).
-Two runs of one turn in one process (the thread pool, a stalled run and its take-over)
-each check their own lease, not whichever `begin` ran last."""
+"""The turn this thread (context) runs, as a journal's `begin` started it: (that
+journal's token, turn id, owner, session). Two runs of one turn in one process (the
+thread pool, a stalled run and its take-over) each check their own lease, not whichever
+`begin` ran last."""
 
 
 def session_lease(session_id: str) -> str:
@@ -440,6 +441,7 @@ class SqlTurnJournal:
         self._take_session = None if take_session is None else FastStatement.of(take_session)
         self._held: dict[str, str] = {}  # turn id -> owner, leases `begin` took here
         self._sessions: dict[str, str] = {}  # turn id -> the session whose lease it holds
+        self._token = object()  # this journal's, in `_RUN`
         self._held_lock = threading.Lock()
         store.add_save_hook(self._on_save)
 
@@ -620,7 +622,7 @@ class SqlTurnJournal:
         return False, json.loads(found[0])
 
     def _hold(self, turn_id: str, owner: str, session: str | None) -> None:
-        _RUN.set((turn_id, owner, session))
+        _RUN.set((self._token, turn_id, owner, session))
         with self._held_lock:
             self._held[turn_id] = owner
             if session is not None:
@@ -690,8 +692,8 @@ class SqlTurnJournal:
         """The owner and session of this context's run of `turn_id` (else, for a caller
         that is no such run, of the last `begin` of it in this process)."""
         run = _RUN.get()
-        if run is not None and run[0] == turn_id:
-            return run[1], run[2]
+        if run is not None and run[:2] == (self._token, turn_id):
+            return run[2], run[3]
         with self._held_lock:
             return self._held.get(turn_id), self._sessions.get(turn_id)
 
@@ -708,10 +710,10 @@ class SqlTurnJournal:
         turn (it was refused, or the run raised), its lease is expired, not deleted:
         the next delivery takes it over and replays what this run journaled. The
         session's lease, if it took one, is given up (the snapshot gave it up already)."""
-        run = _RUN.get()
-        session = run[2] if run is not None and run[:2] == (turn_id, owner) else None
-        if run is not None and run[:2] == (turn_id, owner):
+        run, session = _RUN.get(), None
+        if run is not None and run[:3] == (self._token, turn_id, owner):
             _RUN.set(None)
+            session = run[3]
         with self._held_lock:
             if self._held.get(turn_id) == owner:  # not another run's, begun here since
                 del self._held[turn_id]
