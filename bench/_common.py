@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from examples.banking import TransferOutput, bankingAgent, transferMoney
 from interlock import Agent, AgentOutput, FinishReason, ToolResume
@@ -27,9 +27,12 @@ __all__ = [
     "emit",
     "interlock_cycle",
     "percentile",
+    "round_order",
     "summarize",
     "versions",
 ]
+
+T = TypeVar("T")
 
 PROMPT = "Transfer $500 to savings"
 SCRIPTED_MODEL = "scripted/banking"
@@ -100,15 +103,18 @@ def interlock_cycle(
 
 
 def banking_agent(store: Any) -> Agent:
-    """The example's banking agent on its scripted model (whatever
-    `INTERLOCK_BANKING_MODEL` says), keeping its sessions in `store`."""
+    """The example's banking agent on the scripted model `scripted/banking` (whatever
+    model `INTERLOCK_BANKING_MODEL` names), keeping its sessions in `store`."""
     return replace(bankingAgent.with_store(store), model=SCRIPTED_MODEL)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) of already sorted values, nearest-rank."""
+    """The q-th percentile (0..100) of already sorted values: nearest-rank, except the
+    median (q=50), which is the usual one (the mean of the middle two of an even count)."""
     if not sorted_values:
         return math.nan
+    if q == 50:
+        return statistics.median(sorted_values)
     rank = max(1, math.ceil(q / 100 * len(sorted_values)))
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
@@ -123,6 +129,16 @@ def summarize(latencies_s: Sequence[float]) -> dict[str, float | int]:
         "median_ms": round(percentile(ordered, 50) * 1000, 3),
         "p99_ms": round(percentile(ordered, 99) * 1000, 3),
     }
+
+
+def round_order(systems: Sequence[T], r: int) -> list[T]:
+    """The order the systems run in round `r`: rotated by one every two rounds, and
+    reversed in every odd round. Over an even number of rounds each system runs right
+    after another as often as right before it, so that what one leaves behind (a
+    process's tail of work, a cache it filled) is not always met by the same one."""
+    shift = (r // 2) % len(systems)
+    order = list(systems[shift:]) + list(systems[:shift])
+    return order[::-1] if r % 2 else order
 
 
 def git_state() -> str | None:

@@ -23,6 +23,7 @@ __all__ = [
     "PeerMissing",
     "langgraph_memory",
     "langgraph_sqlite",
+    "langgraph_sqlite_exit",
     "langgraph_sqlite_sync_normal",
     "pydantic_ai_memory",
     "pydantic_ai_sqlite",
@@ -39,6 +40,8 @@ class Peer:
     cycle: Callable[[int], None]
     note: str
     close: Callable[[], None] = field(default=lambda: None)
+    db: Path | None = None
+    """The SQLite file it writes, if any: its commits a cycle are counted there."""
 
 
 # -- LangGraph ------------------------------------------------------------------------
@@ -103,17 +106,22 @@ def _langgraph_app(checkpointer: Any) -> Any:
     return graph.compile(checkpointer=checkpointer)
 
 
-def _langgraph_cycle(app: Any) -> Callable[[int], None]:
+def _langgraph_cycle(app: Any, durability: str | None = None) -> Callable[[int], None]:
+    """The cycle on `app`; `durability` is LangGraph's (None: its default, "async", a
+    checkpoint after every step, written in the background)."""
     from langchain_core.messages import HumanMessage
     from langgraph.types import Command
 
+    options = {} if durability is None else {"durability": durability}
+
     def cycle(i: int) -> None:
         config = {"configurable": {"thread_id": uuid.uuid4().hex}}
-        paused = app.invoke({"messages": [HumanMessage(PROMPT)]}, config)
+        paused = app.invoke({"messages": [HumanMessage(PROMPT)]}, config, **options)
         if not paused.get("__interrupt__"):
             raise AssertionError("langgraph: expected an interrupt")
         txn = f"txn-{i}"
-        done = app.invoke(Command(resume={"success": True, "transaction_id": txn}), config)
+        resume = Command(resume={"success": True, "transaction_id": txn})
+        done = app.invoke(resume, config, **options)
         if txn not in done["messages"][-1].content:
             raise AssertionError("langgraph: final answer does not name the transaction")
 
@@ -133,11 +141,19 @@ def langgraph_sqlite(tmp: Path) -> Peer:
     return _langgraph_sqlite(tmp, "langgraph_sqlite", synchronous=None)
 
 
+def langgraph_sqlite_exit(tmp: Path) -> Peer:
+    """Checkpointed only where a run stops (`durability="exit"`): at the pause and at the
+    end, where ours saves its snapshots."""
+    return _langgraph_sqlite(tmp, "langgraph_sqlite_exit", synchronous=None, durability="exit")
+
+
 def langgraph_sqlite_sync_normal(tmp: Path) -> Peer:
     return _langgraph_sqlite(tmp, "langgraph_sqlite_sync_normal", synchronous="NORMAL")
 
 
-def _langgraph_sqlite(tmp: Path, name: str, synchronous: str | None) -> Peer:
+def _langgraph_sqlite(
+    tmp: Path, name: str, synchronous: str | None, durability: str | None = None
+) -> Peer:
     try:
         from langgraph.checkpoint.sqlite import SqliteSaver
     except ImportError as exc:
@@ -148,12 +164,18 @@ def _langgraph_sqlite(tmp: Path, name: str, synchronous: str | None) -> Peer:
     saver = SqliteSaver(conn)
     saver.setup()  # WAL journal; synchronous stays SQLite's default (FULL) unless set
     app = _langgraph_app(saver)
+    when = (
+        "a checkpoint after every step (durability 'async', the default)"
+        if durability is None
+        else f"durability {durability!r}"
+    )
     return Peer(
         name,
-        _langgraph_cycle(app),
+        _langgraph_cycle(app, durability),
         "StateGraph + SqliteSaver on a file (WAL, synchronous="
-        f"{synchronous or 'FULL, the default'})",
+        f"{synchronous or 'FULL, the default'}); {when}",
         close=conn.close,
+        db=tmp / f"{name}.db",
     )
 
 
@@ -278,4 +300,5 @@ def pydantic_ai_sqlite(tmp: Path) -> Peer:
         "as pydantic_ai_memory, the history saved as JSON (ModelMessagesTypeAdapter) in "
         "SQLite after each run and loaded before the resume",
         close=conn.close,
+        db=tmp / "pydantic_ai.db",
     )

@@ -60,7 +60,7 @@ from kombu.entity import Queue
 from kombu.message import Message as KombuMessage
 from kombu.messaging import Consumer, Producer
 
-from ._common import approval_decision, emit, git_state, percentile
+from ._common import approval_decision, emit, git_state, percentile, round_order
 from ._services import (
     Process,
     Processes,
@@ -333,7 +333,8 @@ class Batch:
 def pipeline(system: System, in_flight: int, cycles: int, ramp: int) -> Batch:
     """Keep `in_flight` cycles outstanding until `ramp + cycles` have completed; time
     the last `cycles` of them (their latency, submit to completed, and the window from
-    the ramp-th completion to the last), then let the outstanding ones finish."""
+    the ramp-th completion to the last), then let the `in_flight - 1` still outstanding
+    finish, untimed: the timed window always has `in_flight` cycles in flight."""
     clock = time.perf_counter
     batch = Batch()
     started: dict[str, list[float]] = {}  # key -> [t0, phase]
@@ -380,7 +381,7 @@ def pipeline(system: System, in_flight: int, cycles: int, ramp: int) -> Batch:
                     batch.latencies.append(now - state[0])
                     if completed == wanted:
                         batch.window_s = now - window_start
-                if completed + len(started) < wanted:
+                if completed < wanted:
                     start()
             elif kind == FAILED:
                 raise AssertionError(f"{system.name}: a turn failed: {body}\n{system.logs()}")
@@ -600,8 +601,7 @@ def run(
         counts = [cycles // rounds + (1 if r < cycles % rounds else 0) for r in range(rounds)]
         for r, count in enumerate(counts):
             for level in levels:
-                order = systems[r % len(systems) :] + systems[: r % len(systems)]
-                for system in order:
+                for system in round_order(systems, r):
                     batch = pipeline(system, level, count, ramp=level)
                     by_level[level][system.name].append(batch)
             log(f"round {r + 1}/{rounds} done")
@@ -657,7 +657,8 @@ def run(
         "notes": [
             "cycles_per_s: completed cycles over the wall time of the timed window "
             "(steady state: the first `in_flight` completions of each batch are a ramp, "
-            "not timed); median_ms/p99_ms: submit to completed, per cycle",
+            "and the last `in_flight - 1` a drain, both untimed; new cycles start until "
+            "the window closes); median_ms/p99_ms: submit to completed, per cycle",
             f"ratios: interlock cycles/s divided by {BASELINE}'s (reply consumer: a thread "
             f"of the benchmark's process); ratios_vs_process_consumer: by {BASELINE_PROCESS}'s "
             "(reply consumer: a process of its own, like the resume consumer)",
