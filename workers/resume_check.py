@@ -25,7 +25,7 @@ from schemas import Decision, Snapshot, TurnRequest, event_adapter
 from .decisions import RESUME_PREFIX, parse_decision, resume_request
 from .runtime import Runtime
 
-__all__ = ["RESERVED", "TaskCheck", "check_task", "reserved"]
+__all__ = ["RESERVED", "TaskCheck", "check_task", "reserved", "reserved_said"]
 
 
 RESERVED = (RESUME_PREFIX, session_lease(""))
@@ -62,7 +62,7 @@ def check_task(rt: Runtime, request: TurnRequest) -> TaskCheck:
     resume = given is not None and given.resume is not None
     if claim is None and not resume:
         if reserved(request.turn_id):
-            return TaskCheck(StatusError(Status.INVALID_ARGUMENT, _reserved_said(request.turn_id)))
+            return TaskCheck(StatusError(Status.INVALID_ARGUMENT, reserved_said(request.turn_id)))
         return TaskCheck()
     # One read transaction for the log and the snapshot, as the consumer reads them; and
     # in its order: a snapshot that does not exist is NOT_FOUND before any permission.
@@ -91,7 +91,8 @@ def reserved(turn_id: str | None) -> bool:
     return turn_id is not None and turn_id.startswith(RESERVED)
 
 
-def _reserved_said(turn_id: str) -> str:
+def reserved_said(turn_id: str) -> str:
+    """Why a task may not take the reserved turn id `turn_id`."""
     starts = " or ".join(repr(start) for start in RESERVED)
     return (
         f"turn_id {turn_id!r} is reserved: turn ids starting with {starts} are given by "

@@ -136,7 +136,13 @@ def _object_turn(name: str, number: int, line: str) -> FileTurn:
     if not isinstance(text, str) or not text.strip():
         raise _bad(name, number, '"text" must be a non-empty string')
     session_id = _optional_id(name, number, value, "session_id")
-    return FileTurn(number, text, session_id, _optional_id(name, number, value, "turn_id"))
+    turn_id = _optional_id(name, number, value, "turn_id")
+    if turn_id is not None:
+        from .resume_check import reserved, reserved_said
+
+        if reserved(turn_id):
+            raise _bad(name, number, reserved_said(turn_id))
+    return FileTurn(number, text, session_id, turn_id)
 
 
 def _optional_id(name: str, number: int, value: dict[str, Any], field: str) -> str | None:

@@ -61,6 +61,9 @@ def test_a_turn_id_names_the_same_session_each_time() -> None:
         ('{"text": "hi", "session_id": "s\\u0000"}', "contains a NUL character (\\u0000)"),
         ('{"text": "hi", "turn_id": "t\\u0000"}', "contains a NUL character (\\u0000)"),
         ('{"text": "hi\\ud800"}', "contains a lone surrogate (\\ud800), which is not text"),
+        # ids only Interlock gives: the worker would refuse them (turn.failed, turn_id null)
+        ('{"text": "hi", "turn_id": "resume:abc"}', "turn_id 'resume:abc' is reserved: "),
+        ('{"text": "hi", "turn_id": "session:abc"}', "turn_id 'session:abc' is reserved: "),
     ],
 )
 def test_a_bad_line_is_named(line: str, reason: str) -> None:
