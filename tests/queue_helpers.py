@@ -799,7 +799,7 @@ def decisions_only_user(url: str) -> Iterator[str]:
     vhost = url.rsplit("/", 1)[1]
     ctl = shutil.which("rabbitmqctl")
     if not vhost or ctl is None:
-        pytest.skip("needs a vhost of the test's own (rabbitmqctl)")
+        service_unavailable("needs a vhost of the test's own (rabbitmqctl)")
     user = f"reviewer_{uuid.uuid4().hex[:8]}"
     subprocess.run([ctl, "add_user", user, "pw"], check=True, capture_output=True, timeout=60)
     try:

@@ -76,8 +76,11 @@ def test_command_exists_in_cli(service: str, argv: list[str]) -> None:
     flags = [a for a in argv[2:] if a.startswith("--")]
     unknown = [f for f in flags if f.split("=")[0] not in known]
     assert not unknown, f"{service}: `interlock {argv[1]}` has no option {unknown}"
-    ctx = sub.make_context(argv[1], list(argv[2:]), resilient_parsing=False)
-    assert ctx.params is not None
+    ctx = sub.make_context(argv[1], list(argv[2:]), resilient_parsing=False)  # parses, or raises
+    for flag in flags:  # each flag given is parsed into a value
+        name = flag.split("=")[0]
+        [param] = [p for p in sub.params if name in getattr(p, "opts", [])]
+        assert param.name in ctx.params, f"{service}: {name} was not parsed"
 
 
 def test_one_install_at_a_time_before_the_services_start() -> None:

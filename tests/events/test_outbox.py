@@ -72,17 +72,20 @@ def outbox(store: SqlSessionStore) -> Iterator[Outbox]:
 
 
 @pytest.fixture
-def broker() -> Iterator[Connection]:
-    """An in-process broker (kombu's memory transport)."""
-    with Connection("memory://localhost/") as conn:
+def broker(redis_url: str) -> Iterator[Connection]:
+    """The tests' private Redis."""
+    with Connection(redis_url) as conn:
         yield conn
 
 
 @pytest.fixture
 def events_seen(broker: Connection) -> Iterator[EventStream]:
-    """Every event published from now on, on a queue of the test's own."""
-    with EventStream.bind(broker, f"test.outbox.{uuid.uuid4()}") as stream:
+    """Every event published from now on, on a queue of the test's own (deleted after)."""
+    stream = EventStream.bind(broker, f"test.outbox.{uuid.uuid4()}", temporary=True)
+    try:
         yield stream
+    finally:
+        stream.close(delete=True)
 
 
 @pytest.fixture

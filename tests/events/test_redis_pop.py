@@ -893,10 +893,9 @@ def test_an_error_event_on_the_wait_keeps_its_message_for_the_next_read(
         channel._poll_error("BRPOP")  # the socket's error event
         assert delivered == [] and raw.llen(reading_key(member)) == 1
         assert not channel._in_poll, "no read in flight: the next poll may send one"
-        started = time.monotonic()
         conn.transport.cycle._register_BRPOP(channel)  # the next poll: a new read is sent
         assert channel._brpop_read() is True
-        assert time.monotonic() - started < 0.5, "popped without waiting for the queue"
+        # the message was moved off the queue: a read that waited there would deliver none
         [message] = delivered
         assert json.loads(message.body) == {"n": 1}
         message.ack()

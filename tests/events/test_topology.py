@@ -13,6 +13,7 @@ from kombu.connection import Connection
 
 from events.topology import DECISIONS_DEAD, EVENTS, INTERRUPTED
 from tests.queue_helpers import APP, READY_TIMEOUT, Service, rabbitmq_vhost
+from tests.services import service_unavailable
 
 MARKER = "declared Interlock's exchanges and queues"
 
@@ -41,7 +42,7 @@ def _missing(url: str) -> list[str]:
 def test_a_started_process_declares_the_topology(role: str, tmp_path: Path) -> None:
     with rabbitmq_vhost() as url:
         if url.endswith("/"):
-            pytest.skip("rabbitmqctl could not make a fresh vhost")
+            service_unavailable("rabbitmqctl could not make a fresh vhost")
         assert _missing(url) == [
             f"exchange {EVENTS.name}",
             f"queue {INTERRUPTED.name}",
@@ -75,7 +76,7 @@ def test_a_queue_declared_otherwise_stops_every_command_with_a_clear_error(
 
     with rabbitmq_vhost() as url:
         if url.endswith("/"):
-            pytest.skip("rabbitmqctl could not make a fresh vhost")
+            service_unavailable("rabbitmqctl could not make a fresh vhost")
         with Connection(url) as conn, conn.channel() as channel:
             quorum = {"x-queue-type": "quorum"}
             Queue(INTERRUPTED.name, durable=True, queue_arguments=quorum).bind(channel).declare()
@@ -105,7 +106,7 @@ def test_a_worker_that_meets_the_conflict_once_ready_stops(tmp_path: Path) -> No
 
     with rabbitmq_vhost() as url:
         if url.endswith("/"):
-            pytest.skip("rabbitmqctl could not make a fresh vhost")
+            service_unavailable("rabbitmqctl could not make a fresh vhost")
         with Connection(url) as conn, conn.channel() as channel:
             quorum = {"x-queue-type": "quorum"}
             Queue(INTERRUPTED.name, durable=True, queue_arguments=quorum).bind(channel).declare()

@@ -158,7 +158,10 @@ def test_a_consumer_that_may_give_up_stops_after_failures_in_a_row_keeping_the_d
 
 
 def test_upkeep_says_a_dropped_store_connection_in_one_line(
-    pg_url: str, pg_admin: str, caplog: pytest.LogCaptureFixture
+    pg_url: str,
+    pg_admin: str,
+    caplog: pytest.LogCaptureFixture,
+    redis_url: str,
 ) -> None:
     """The consumer's upkeep (deadlines, the outbox) meets connections the server
     dropped: one WARNING line naming the store's error, no traceback (that is for bugs),
@@ -169,7 +172,7 @@ def test_upkeep_says_a_dropped_store_connection_in_one_line(
     from workers.runtime import Runtime
     from workers.settings import Settings
 
-    runtime = Runtime(Settings(broker_url="memory://localhost/", store_url=pg_url), ai)
+    runtime = Runtime(Settings(broker_url=redis_url, store_url=pg_url), ai)
     upkeep = Maintenance(runtime)
     try:
         upkeep.run_once()  # the pool holds connections now

@@ -103,14 +103,16 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def make(store_url: str) -> Iterator[Callable[[str], tuple[Runtime, Stall, list[str]]]]:
+def make(
+    store_url: str, redis_url: str
+) -> Iterator[Callable[[str], tuple[Runtime, Stall, list[str]]]]:
     made: list[Runtime] = []
 
     stalls: list[Stall] = []
 
     def build(stall_in: str) -> tuple[Runtime, Stall, list[str]]:
         stall, ran = Stall(store_url), list[str]()
-        settings = Settings(broker_url="memory://localhost/", store_url=store_url)
+        settings = Settings(broker_url=redis_url, store_url=store_url)
         runtime = Runtime(settings, _registry(stall, ran, stall_in=stall_in))
         made.append(runtime)
         stalls.append(stall)

@@ -75,8 +75,8 @@ def test_an_exited_child_not_yet_reaped_counts_as_dead() -> None:
 
 
 @pytest.fixture
-def rt(tmp_path: Path) -> Iterator[Runtime]:
-    settings = Settings(broker_url="memory://localhost/", store_url=f"sqlite:///{tmp_path}/t.db")
+def rt(tmp_path: Path, redis_url: str) -> Iterator[Runtime]:
+    settings = Settings(broker_url=redis_url, store_url=f"sqlite:///{tmp_path}/t.db")
     runtime = Runtime(settings, ai)
     try:
         yield runtime

@@ -22,8 +22,8 @@ from workers.settings import Settings
 
 
 @pytest.fixture
-def runtime(tmp_path: Path) -> Iterator[Runtime]:
-    settings = Settings(broker_url="memory://localhost/", store_url=f"sqlite:///{tmp_path}/s.db")
+def runtime(tmp_path: Path, redis_url: str) -> Iterator[Runtime]:
+    settings = Settings(broker_url=redis_url, store_url=f"sqlite:///{tmp_path}/s.db")
     rt = Runtime(settings, ai)
     yield rt
     rt.close()

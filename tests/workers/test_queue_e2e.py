@@ -51,7 +51,7 @@ from tests.queue_helpers import (
     run_cli,
     stream_queue,
 )
-from tests.services import eventually
+from tests.services import eventually, service_unavailable
 
 # -------------------------------------------------------------------------- fixtures
 
@@ -558,7 +558,7 @@ def _queue_refuses(stack: QueueStack, queue: str) -> Iterator[None]:
     vhost = stack.broker_url.rsplit("/", 1)[1]
     ctl = shutil.which("rabbitmqctl")
     if not vhost or ctl is None:
-        pytest.skip("needs a vhost of the test's own (rabbitmqctl)")
+        service_unavailable("needs a vhost of the test's own (rabbitmqctl)")
     name = f"refuse-{uuid.uuid4().hex[:8]}"
     definition = json.dumps({"max-length": 0, "overflow": "reject-publish"})
     pattern = f"^{re.escape(queue)}$"

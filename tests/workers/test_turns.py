@@ -37,10 +37,8 @@ from workers.turns import new_turn_request, run_task, run_turn
 
 
 @pytest.fixture
-def rt(tmp_path: Path) -> Iterator[Runtime]:
-    settings = Settings(
-        broker_url="memory://localhost/", store_url=f"sqlite:///{tmp_path}/turns.db"
-    )
+def rt(tmp_path: Path, redis_url: str) -> Iterator[Runtime]:
+    settings = Settings(broker_url=redis_url, store_url=f"sqlite:///{tmp_path}/turns.db")
     runtime = Runtime(settings, ai)
     try:
         yield runtime
@@ -257,7 +255,9 @@ def test_two_arguments_carry_the_first_ones_ids_into_turn_failed(rt: Runtime) ->
     assert (event["turn_id"], event["session_id"]) == (request["turn_id"], "s-two-args")
 
 
-def test_a_pause_made_without_the_outbox_still_needs_a_token(tmp_path: Path) -> None:
+def test_a_pause_made_without_the_outbox_still_needs_a_token(
+    tmp_path: Path, redis_url: str
+) -> None:
     """A Python backend pausing a turn in-process on the store the consumer reads issues
     no token: a decision for that pause is PERMISSION_DENIED whatever it carries; the
     "never paused" exemption from the token check covers only snapshots that cannot be
@@ -270,7 +270,7 @@ def test_a_pause_made_without_the_outbox_still_needs_a_token(tmp_path: Path) -> 
         done_elsewhere = agent.run_text("hello", session_id=str(uuid.uuid4()))
     finally:
         backend.dispose()
-    runtime = Runtime(Settings(broker_url="memory://localhost/", store_url=url), ai)
+    runtime = Runtime(Settings(broker_url=redis_url, store_url=url), ai)
     try:
         snapshot = runtime.store.get_snapshot(paused.snapshot_id or "")
         assert snapshot is not None and snapshot.resume_token_hash is None
@@ -677,7 +677,9 @@ def test_a_plain_task_gives_back_no_claim_whatever_its_turn_id(rt: Runtime) -> N
     assert run_turn(rt, payload).get("finish_reason") == "stop"
 
 
-def test_a_bug_before_the_turn_is_answered_and_frees_the_pause(tmp_path: Path) -> None:
+def test_a_bug_before_the_turn_is_answered_and_frees_the_pause(
+    tmp_path: Path, redis_url: str
+) -> None:
     """A plugin that raises an ordinary exception (a bug; retrying cannot help) while a
     claimed resume is checked: the turn is answered with turn.failed (INTERNAL) and the
     decision's claim comes back, instead of a task failure that leaves both hanging."""
@@ -697,7 +699,7 @@ def test_a_bug_before_the_turn_is_answered_and_frees_the_pause(tmp_path: Path) -
 
     scripted.define(registry, "m", [scripted.reply(scripted.tool_call("ask", {}))])
     registry.define_agent("buggy", model="scripted/m", tools=[ask], middleware=[Buggy()])
-    settings = Settings(broker_url="memory://localhost/", store_url=f"sqlite:///{tmp_path}/b.db")
+    settings = Settings(broker_url=redis_url, store_url=f"sqlite:///{tmp_path}/b.db")
     runtime = Runtime(settings, registry)
     try:
         said = AgentInput(message=Message(role="user", content=[Part(text="go")]))
@@ -793,7 +795,7 @@ def test_an_outage_is_one_warning_line_and_a_bug_an_error_with_its_traceback(
     assert said[1].getMessage() == "renewing turn leases failed"
 
 
-def test_turns_of_one_session_run_one_at_a_time(tmp_path: Path) -> None:
+def test_turns_of_one_session_run_one_at_a_time(tmp_path: Path, redis_url: str) -> None:
     """Two messages to the same session delivered together (a batch, two workers): the
     second waits (SessionBusy: retried) while the first runs, then goes on from the
     first's snapshot. Run side by side, both would go on from the same snapshot and
@@ -815,7 +817,7 @@ def test_turns_of_one_session_run_one_at_a_time(tmp_path: Path) -> None:
 
     registry.define_model("test/echo", echo)
     registry.define_agent("echo", model="test/echo")
-    settings = Settings(broker_url="memory://localhost/", store_url=f"sqlite:///{tmp_path}/s.db")
+    settings = Settings(broker_url=redis_url, store_url=f"sqlite:///{tmp_path}/s.db")
     runtime = Runtime(settings, registry)
 
     def message(text: str) -> dict[str, Any]:
@@ -970,7 +972,9 @@ class _Crash(BaseException):
     """Stands for the worker process dying mid-turn."""
 
 
-def test_a_task_reusing_a_turn_id_neither_replays_nor_ends_that_turn(tmp_path: Path) -> None:
+def test_a_task_reusing_a_turn_id_neither_replays_nor_ends_that_turn(
+    tmp_path: Path, redis_url: str
+) -> None:
     """A turn id names the request that first started it. A task sent with the id of a
     turn whose run died mid-turn (its lease run out, its journal kept), but another
     session and message, is not that turn: refused with ALREADY_EXISTS and a
@@ -1005,7 +1009,7 @@ def test_a_task_reusing_a_turn_id_neither_replays_nor_ends_that_turn(tmp_path: P
 
     scripted.define(registry, "hijack", model)
     registry.define_agent("a", model="scripted/hijack", tools=[charge, flaky])
-    settings = Settings(broker_url="memory://localhost/", store_url=f"sqlite:///{tmp_path}/j.db")
+    settings = Settings(broker_url=redis_url, store_url=f"sqlite:///{tmp_path}/j.db")
     runtime = Runtime(settings, registry)
 
     def message(text: str, session: str) -> dict[str, Any]:
@@ -1078,7 +1082,10 @@ def test_a_refused_resume_delivered_again_is_not_run_again(rt: Runtime) -> None:
 
 @pytest.mark.parametrize("db", ["sqlite", "postgresql"])
 def test_a_refusal_racing_a_turns_first_start_leaves_it_one_ending(
-    db: str, tmp_path: Path, request: pytest.FixtureRequest
+    db: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    redis_url: str,
 ) -> None:
     """A garbled copy of a turn, refused (it took no lease) in a transaction still open
     while the real task's first start comes: the start waits for it and finds the
@@ -1088,7 +1095,7 @@ def test_a_refusal_racing_a_turns_first_start_leaves_it_one_ending(
     import time
 
     url = f"sqlite:///{tmp_path}/race.db" if db == "sqlite" else request.getfixturevalue("pg_url")
-    runtime = Runtime(Settings(broker_url="memory://localhost/", store_url=url), ai)
+    runtime = Runtime(Settings(broker_url=redis_url, store_url=url), ai)
     victim = _message("Transfer $4 to savings", "s-race")
     turn = victim["turn_id"]
     outbox = runtime.outbox
