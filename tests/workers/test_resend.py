@@ -91,3 +91,45 @@ def test_a_broker_that_cannot_be_reached_changes_nothing(
     assert ran.stderr.startswith("error: UNAVAILABLE: cannot reach the broker"), ran.describe()
     assert ran.json_lines() == []
     assert dash.resolve(paused).type == "turn.completed", "the old token still works"
+
+
+def test_a_broker_that_fails_after_the_new_token_says_where_the_event_waits(
+    dash: Dashboard, stack: QueueStack
+) -> None:
+    """Redis answers (the command's first check passes) but is full: the new token is
+    already in force when the publish is refused. One line says so and where the event
+    waits; once Redis has room the outbox's sweep announces it, and its token answers."""
+    import redis
+
+    paused = dash.paused("Transfer $34 to broker-full")
+    client = redis.Redis.from_url(stack.broker_url)
+    policy = str(client.config_get("maxmemory-policy")["maxmemory-policy"])
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)  # below what Redis uses already: every write refused
+    try:
+        ran = run_cli(
+            "resend", paused.snapshot_id, "--broker", stack.broker_url, "--store", stack.store_url
+        )
+    finally:
+        client.config_set("maxmemory", 0)
+        client.config_set("maxmemory-policy", policy)
+        client.close()
+    assert ran.returncode == 1, ran.describe()
+    assert ran.stderr.startswith("error: UNAVAILABLE: the broker refused the command: "), (
+        ran.describe()
+    )
+    assert "Traceback" not in ran.stderr, ran.describe()
+    assert "The new token is in force" in ran.stderr and "waits in the outbox" in ran.stderr
+    assert ran.json_lines() == []
+    again = dash.wait(
+        lambda e: (
+            e.type == "turn.interrupted"
+            and e.snapshot_id == paused.snapshot_id
+            and e.event_id != paused.event_id
+        ),
+        "the new turn.interrupted, published from the outbox",
+        timeout=60,
+    )
+    assert isinstance(again, TurnInterrupted)
+    assert again.resume_token and again.resume_token != paused.resume_token
+    assert dash.resolve(again).type == "turn.completed"  # the new token answers it

@@ -245,6 +245,7 @@ def unreachable(exc: Exception) -> str | None:
     (kombu's and SQLAlchemy's errors are no `OSError`)."""
     from kombu.exceptions import OperationalError as BrokerError
     from redis.exceptions import ConnectionError as RedisDown
+    from redis.exceptions import ResponseError as RedisSaidNo
     from redis.exceptions import TimeoutError as RedisSlow
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.exc import OperationalError as StoreError
@@ -255,6 +256,8 @@ def unreachable(exc: Exception) -> str | None:
         return str(exc)
     if isinstance(exc, BrokerError | RedisDown | RedisSlow):  # redis-py's, unwrapped
         return f"cannot reach the broker: {exc}"
+    if isinstance(exc, RedisSaidNo):  # reached, and it cannot take it now (full, read-only)
+        return f"the broker refused the command: {exc}"
     if isinstance(exc, DBAPIError):
         first = one_line(exc)
         where = "" if _STORE_IN_USE.url is None else f" ({redact_url(_STORE_IN_USE.url)})"
