@@ -2,17 +2,42 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from pydantic_core.core_schema import SerializerFunctionWrapHandler
 
-__all__ = ["Envelope", "WireModel"]
+__all__ = ["Envelope", "Omittable", "OmittableAny", "OmittableList", "WireModel"]
+
+T = TypeVar("T")
+
+
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+def _is_none_or_empty(value: object) -> bool:
+    return value is None or (isinstance(value, list) and not value)
+
+
+Omittable = Annotated[T | None, Field(exclude_if=_is_none)]
+"""A field of a `WireModel` left out of the JSON while it is None, as Genkit's
+`omitempty` leaves out a nil pointer. Every field of a `WireModel` that defaults to None
+is one (tests/schemas check it)."""
+
+OmittableAny = Annotated[Any, Field(exclude_if=_is_none)]
+"""`Omittable` for a field of any JSON value (its schema stays `{}`)."""
+
+OmittableList = Annotated[list[T], Field(exclude_if=_is_none_or_empty)]
+"""A list field of a `WireModel` left out of the JSON while it is empty."""
 
 
 class WireModel(BaseModel):
-    """A model serialized with Genkit's camelCase names, omitting unset (None) fields."""
+    """A model serialized with Genkit's camelCase names, omitting unset (None) fields.
+
+    The omission is declared per field (`Omittable`), not by a serializer wrapped
+    around the model: pydantic-core then serializes a whole tree of parts and
+    messages without calling back into Python for each model in it."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -20,17 +45,6 @@ class WireModel(BaseModel):
         serialize_by_alias=True,
         extra="ignore",
     )
-
-    omit_empty: ClassVar[frozenset[str]] = frozenset()
-    """Wire names of list fields left out when empty, as Genkit's `omitempty` does."""
-
-    @model_serializer(mode="wrap")
-    def _drop_none(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if isinstance(data, dict):
-            omit = self.omit_empty
-            return {k: v for k, v in data.items() if v is not None and not (k in omit and v == [])}
-        return data
 
     def to_json(self) -> dict[str, Any]:
         """The JSON value of this model, as it goes on the wire."""

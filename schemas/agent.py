@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ._base import WireModel
+from ._base import Omittable, OmittableList, WireModel
 from .parts import Message, Part, Role, exactly_one_of
 from .status import Status
 
@@ -45,10 +45,8 @@ class ToolResume(WireModel):
     """Answers to the pending interrupts: respond parts and restart parts. An empty list
     is left out of the JSON, as Genkit does."""
 
-    omit_empty = frozenset({"respond", "restart"})
-
-    respond: list[Part] = Field(default_factory=list)
-    restart: list[Part] = Field(default_factory=list)
+    respond: OmittableList[Part] = Field(default_factory=list)
+    restart: OmittableList[Part] = Field(default_factory=list)
 
 
 class AgentInput(WireModel):
@@ -56,8 +54,8 @@ class AgentInput(WireModel):
 
     model_config = ConfigDict(json_schema_extra=exactly_one_of("message", "resume"))
 
-    message: Message | None = None
-    resume: ToolResume | None = None
+    message: Omittable[Message] = None
+    resume: Omittable[ToolResume] = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> AgentInput:
@@ -68,11 +66,11 @@ class AgentInput(WireModel):
 
 class AgentOutput(WireModel):
     finish_reason: FinishReason
-    message: Message | None = None
-    session_id: str | None = None
-    snapshot_id: str | None = None
-    state: str | None = None
-    error: ErrorInfo | None = None
+    message: Omittable[Message] = None
+    session_id: Omittable[str] = None
+    snapshot_id: Omittable[str] = None
+    state: Omittable[str] = None
+    error: Omittable[ErrorInfo] = None
 
     @property
     def interrupts(self) -> list[Part]:
@@ -95,9 +93,9 @@ class ModelChunk(WireModel):
 
 class TurnEnd(WireModel):
     finish_reason: FinishReason
-    snapshot_id: str | None = None
+    snapshot_id: Omittable[str] = None
 
 
 class AgentChunk(WireModel):
-    model_chunk: ModelChunk | None = None
-    turn_end: TurnEnd | None = None
+    model_chunk: Omittable[ModelChunk] = None
+    turn_end: Omittable[TurnEnd] = None

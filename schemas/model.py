@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ._base import WireModel
+from ._base import Omittable, WireModel
 from .agent import FinishReason
 from .parts import Message
 
@@ -16,23 +16,23 @@ __all__ = ["ModelRequest", "ModelResponse", "ToolDefinition", "Usage"]
 class ToolDefinition(WireModel):
     name: str
     description: str = ""
-    input_schema: dict[str, Any] | None = None
-    output_schema: dict[str, Any] | None = None
+    input_schema: Omittable[dict[str, Any]] = None
+    output_schema: Omittable[dict[str, Any]] = None
 
 
 class Usage(WireModel):
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    total_tokens: int | None = None
+    input_tokens: Omittable[int] = None
+    output_tokens: Omittable[int] = None
+    total_tokens: Omittable[int] = None
 
 
 class ModelRequest(WireModel):
     messages: list[Message]
     tools: list[ToolDefinition] = Field(default_factory=list)
-    config: dict[str, Any] | None = None
+    config: Omittable[dict[str, Any]] = None
 
 
 class ModelResponse(WireModel):
     message: Message
     finish_reason: FinishReason = FinishReason.STOP
-    usage: Usage | None = None
+    usage: Omittable[Usage] = None

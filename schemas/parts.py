@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, model_validator
 from pydantic.alias_generators import to_camel
 
-from ._base import WireModel
+from ._base import Omittable, OmittableAny, WireModel
 
 __all__ = ["Media", "Message", "Part", "Resource", "Role", "ToolRequest", "ToolResponse"]
 
@@ -28,7 +28,7 @@ _CONTENT_SET = frozenset(_CONTENT_FIELDS)
 
 class Media(WireModel):
     url: str
-    content_type: str | None = None
+    content_type: Omittable[str] = None
 
 
 class Resource(WireModel):
@@ -42,9 +42,9 @@ class ToolRequest(WireModel):
     request still being streamed (Genkit's field, kept as it came)."""
 
     name: str
-    ref: str | None = None
-    input: Any = None
-    partial: bool | None = None
+    ref: Omittable[str] = None
+    input: OmittableAny = None
+    partial: Omittable[bool] = None
 
 
 class ToolResponse(WireModel):
@@ -53,9 +53,9 @@ class ToolResponse(WireModel):
     `output`)."""
 
     name: str
-    ref: str | None = None
-    output: Any = None
-    content: list[Part] | None = None
+    ref: Omittable[str] = None
+    output: OmittableAny = None
+    content: Omittable[list[Part]] = None
 
 
 def exactly_one_of(*fields: str) -> Any:
@@ -76,15 +76,15 @@ class Part(WireModel):
 
     model_config = ConfigDict(json_schema_extra=exactly_one_of(*_CONTENT_FIELDS))
 
-    text: str | None = None
-    data: Any = None
-    media: Media | None = None
-    tool_request: ToolRequest | None = None
-    tool_response: ToolResponse | None = None
-    reasoning: str | None = None
-    custom: dict[str, Any] | None = None
-    resource: Resource | None = None
-    metadata: dict[str, Any] | None = None
+    text: Omittable[str] = None
+    data: OmittableAny = None
+    media: Omittable[Media] = None
+    tool_request: Omittable[ToolRequest] = None
+    tool_response: Omittable[ToolResponse] = None
+    reasoning: Omittable[str] = None
+    custom: Omittable[dict[str, Any]] = None
+    resource: Omittable[Resource] = None
+    metadata: Omittable[dict[str, Any]] = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Part:
@@ -129,7 +129,7 @@ class Part(WireModel):
 class Message(WireModel):
     role: Role
     content: list[Part]
-    metadata: dict[str, Any] | None = None
+    metadata: Omittable[dict[str, Any]] = None
 
     @property
     def text(self) -> str:

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from ._base import WireModel
+from ._base import Omittable, WireModel
 from .agent import ErrorInfo, FinishReason
 from .parts import Message
 
@@ -35,19 +35,19 @@ class Snapshot(WireModel):
 
     snapshot_id: str
     session_id: str
-    parent_id: str | None = None
+    parent_id: Omittable[str] = None
     agent: str
     status: SnapshotStatus
-    finish_reason: FinishReason | None = None
+    finish_reason: Omittable[FinishReason] = None
     messages: list[Message] = Field(default_factory=list)
-    error: ErrorInfo | None = None
+    error: Omittable[ErrorInfo] = None
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
-    resumed_by: str | None = None
-    turn_id: str | None = None
+    resumed_by: Omittable[str] = None
+    turn_id: Omittable[str] = None
     inherited: int = 0
-    expires_at: datetime | None = None
-    resume_token_hash: str | None = None
+    expires_at: Omittable[datetime] = None
+    resume_token_hash: Omittable[str] = None
 
     @property
     def is_interrupted(self) -> bool:

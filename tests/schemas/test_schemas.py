@@ -421,3 +421,48 @@ def test_model_request_and_response_roundtrip() -> None:
             "usage": {"inputTokens": 3, "outputTokens": 4, "totalTokens": 7},
         },
     )
+
+
+# -- fields left out of the JSON ----------------------------------------------------------
+
+
+def _wire_models() -> list[type[Any]]:
+    from schemas._base import WireModel
+
+    found: list[type[Any]] = []
+    todo: list[type[Any]] = [WireModel]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in found:
+                found.append(sub)
+                todo.append(sub)
+    return found
+
+
+def test_every_wire_field_that_defaults_to_none_is_left_out_while_none() -> None:
+    """Genkit's JSON leaves an unset field out; a field declared `x: T | None = None`
+    without `Omittable` would put `"x": null` on the wire."""
+    models = _wire_models()
+    assert {Part, Message, Snapshot, ToolRequest, AgentOutput} <= set(models)
+    missing = [
+        f"{model.__name__}.{name}"
+        for model in models
+        for name, field in model.model_fields.items()
+        if field.default is None and (field.exclude_if is None or not field.exclude_if(None))
+    ]
+    assert missing == []
+
+
+def test_nulls_inside_json_values_are_kept() -> None:
+    """Only unset fields are left out: a null inside a tool's input, output or data, or
+    inside metadata, is part of the value."""
+    part = Part(
+        tool_request=ToolRequest(name="t", ref="1", input={"note": None, "xs": [None, 1]}),
+        metadata={"k": None},
+    )
+    assert json.loads(part.model_dump_json()) == {
+        "toolRequest": {"name": "t", "ref": "1", "input": {"note": None, "xs": [None, 1]}},
+        "metadata": {"k": None},
+    }
+    response = ToolResponse(name="t", ref="1", output=None)
+    assert response.model_dump(mode="json") == {"name": "t", "ref": "1"}
