@@ -37,7 +37,8 @@ class WireModel(BaseModel):
 
     The omission is declared per field (`Omittable`), not by a serializer wrapped
     around the model: pydantic-core then serializes a whole tree of parts and
-    messages without calling back into Python for each model in it."""
+    messages without calling back into Python for each model in it. A subclass
+    declares the optional fields it adds the same way, or they go out as null."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
