@@ -32,7 +32,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: writers queue in SQLite's busy handler
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["PING_AFTER", "make_engine"]
+__all__ = ["PING_AFTER", "end_write", "make_engine", "sqlite_file"]
 
 _log = logging.getLogger("interlock.stores.sql")
 
@@ -125,6 +125,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             _record.info["interlock_sync"] = _record.info["interlock_sync_default"] = int(
                 cur.fetchone()[0]
             )
+            _record.info["interlock_write_lock"] = write_lock  # for `end_write`
         finally:
             cur.close()
 
@@ -178,6 +179,25 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if write_lock is not None:
         write_lock.listen(engine)
     return engine
+
+
+def sqlite_file(url: str) -> bool:
+    """Whether `url` is a SQLite database in a file (not in memory)."""
+    sa_url = make_url(url)
+    if sa_url.get_backend_name() != "sqlite":
+        return False
+    return not (sa_url.database in (None, "", ":memory:") or "mode=memory" in str(sa_url))
+
+
+def end_write(conn: Connection) -> None:
+    """Let the next writer of the file in, after a write transaction on `conn` ended
+    (committed or rolled back) while `conn` stays checked out: the lock is otherwise
+    released when a connection goes back to the pool."""
+    if conn.closed or conn.invalidated:
+        return  # released as the connection was invalidated or closed
+    lock: _WriteLock | None = conn.connection.info.get("interlock_write_lock")
+    if lock is not None:
+        lock.release(conn.connection.dbapi_connection)
 
 
 PING_AFTER = 1.0

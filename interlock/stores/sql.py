@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any, ClassVar
@@ -66,8 +67,9 @@ from schemas import ErrorInfo, FinishReason, Message, Snapshot, SnapshotStatus, 
 
 from ..errors import StatusError
 from .base import snapshot_filters
-from .engine import make_engine
+from .engine import make_engine, sqlite_file
 from .fast import FastStatement
+from .held import HeldConnections
 
 __all__ = [
     "MessageRow",
@@ -292,6 +294,14 @@ class SqlSessionStore:
             if self._dialect == "postgresql"
             else self.engine
         )
+        # The store's own transactions keep each thread's connection checked out (a SQLite
+        # file the store opened itself, until a save hook is added).
+        pool_size = getattr(self.engine.pool, "size", None)
+        self._held = (
+            HeldConnections(self.engine, limit=pool_size())
+            if engine is None and sqlite_file(url) and callable(pool_size)
+            else None
+        )
         if create_tables:
             self.create_tables()
 
@@ -338,9 +348,24 @@ class SqlSessionStore:
         return self._reader
 
     def close(self) -> None:
-        """Dispose the engine's pooled connections (only an engine the store created)."""
+        """Dispose the engine's pooled connections (only an engine the store created),
+        and close the connections its threads keep open."""
+        if self._held is not None:
+            self._held.close()
         if self._owns_engine:
             self.engine.dispose()
+
+    def _write(self) -> AbstractContextManager[Connection]:
+        """One of the store's own write transactions."""
+        if self._held is not None:
+            return self._held.begin(self._writer, write=True)
+        return self._writer.begin()
+
+    def _read(self) -> AbstractContextManager[Connection]:
+        """One of the store's own read transactions."""
+        if self._held is not None:
+            return self._held.begin(self._reader, write=False)
+        return self._reader.begin()
 
     dispose = close
 
@@ -379,7 +404,7 @@ class SqlSessionStore:
 
     def latest_snapshot_id(self, session_id: str) -> str | None:
         """The id of the session's newest snapshot, its history unread."""
-        with self._reader.connect() as conn, conn.begin():
+        with self._read() as conn:
             rows = _F_LATEST_ID.execute(conn, {"p_session": session_id}).all()
         return str(rows[0][0]) if rows else None
 
@@ -410,7 +435,7 @@ class SqlSessionStore:
         return self._load(stmt, params)
 
     def _load(self, stmt: Select[Any], params: dict[str, Any]) -> list[Snapshot]:
-        with self._reader.connect() as conn, conn.begin():
+        with self._read() as conn:
             rows = FastStatement.of(stmt).execute(conn, params).mappings()
             histories = _histories(conn, rows)
         return [_to_snapshot(r, histories[r["snapshot_id"]]) for r in rows]
@@ -420,12 +445,19 @@ class SqlSessionStore:
     def add_save_hook(self, hook: SaveHook) -> None:
         """Call `hook(conn, snapshot, created)` inside every save's transaction, before
         the snapshot is written: what the hook writes on `conn` commits or rolls back
-        with the snapshot (the outbox uses this), and it may still set fields of it."""
+        with the snapshot (the outbox uses this), and it may still set fields of it.
+
+        From then on every transaction of the store checks its connection out of the
+        pool and returns it, as a hook may count on (the outbox hands what it wrote to
+        its relay when the connection goes back)."""
+        if self._held is not None:
+            self._held.close()
+            self._held = None
         self._save_hooks.append(hook)
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
         sid = snapshot.snapshot_id
-        with self._writer.begin() as conn:
+        with self._write() as conn:
             if self._save_hooks:
                 created = _F_SNAPSHOT_EXISTS.execute(conn, {"p_sid": sid}).first() is None
                 for hook in self._save_hooks:
@@ -463,7 +495,7 @@ class SqlSessionStore:
         return want
 
     def claim(self, snapshot_id: str, by: str) -> bool:
-        with self._writer.begin() as conn:
+        with self._write() as conn:
             return self.claim_in(conn, snapshot_id, by)
 
     def claim_in(self, conn: Connection, snapshot_id: str, by: str) -> bool:
@@ -481,7 +513,7 @@ class SqlSessionStore:
 
     def release(self, snapshot_id: str, by: str) -> None:
         params = {"p_sid": snapshot_id, "p_by": by, "p_now": _to_db(utcnow())}
-        with self._writer.begin() as conn:
+        with self._write() as conn:
             conn.execute(_RELEASE, params)
 
 
