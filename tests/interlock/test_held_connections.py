@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,12 @@ from sqlalchemy import event
 
 from interlock import SqlSessionStore
 from schemas import FinishReason, Snapshot
-from tests.interlock.test_sqlite_writers import WAIT, finishes, lock_is_free
+from tests.interlock.test_sqlite_writers import (
+    WAIT,
+    child_exit_code,
+    finishes,
+    lock_is_free,
+)
 from tests.interlock.test_sqlite_writers import snapshot as completed
 from tests.services import eventually
 
@@ -218,21 +222,7 @@ def test_a_forked_child_uses_connections_of_its_own(store: SqlSessionStore) -> N
             code = 0
         finally:
             os._exit(code)
-    status: list[int] = []
-
-    def exited() -> bool:
-        done, raw = os.waitpid(pid, os.WNOHANG)
-        if done:
-            status.append(os.waitstatus_to_exitcode(raw))
-        return bool(status)
-
-    try:
-        eventually(exited, "the child's session", WAIT)
-    finally:
-        if not status:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    assert status == [0]
+    assert child_exit_code(pid, "the child's session") == 0
     session(store, "parent-again", 2)
     ids = {s.snapshot_id for s in store.list_snapshots(limit=10)}
     assert ids == {"parent-0", "child-0", "child-1", "parent-again-0", "parent-again-1"}

@@ -75,6 +75,26 @@ def snapshot(session_id: str, i: int, parent_id: str | None) -> Snapshot:
     )
 
 
+def child_exit_code(pid: int, what: str) -> int:
+    """The exit code of the forked child `pid`, which must exit within `WAIT` seconds
+    (else it is killed and the test fails)."""
+    status: list[int] = []
+
+    def exited() -> bool:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status.append(os.waitstatus_to_exitcode(raw))
+        return bool(status)
+
+    try:
+        eventually(exited, what, WAIT)
+    finally:
+        if not status:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    return status[0]
+
+
 def finishes(work: Callable[[], object]) -> bool:
     """Whether `work()` completes, in a thread, within `WAIT` seconds."""
     thread = threading.Thread(target=work, daemon=True)
@@ -379,21 +399,7 @@ def test_a_forked_child_gets_a_lock_of_its_own(store: SqlSessionStore, db: Path)
         finally:
             os._exit(code)
     lock.release(holder)
-    status: list[int] = []
-
-    def exited() -> bool:
-        done, raw = os.waitpid(pid, os.WNOHANG)
-        if done:
-            status.append(os.waitstatus_to_exitcode(raw))
-        return bool(status)
-
-    try:
-        eventually(exited, "write of the child", WAIT)
-    finally:
-        if not status:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    assert status == [0], "the child wrote"
+    assert child_exit_code(pid, "write of the child") == 0, "the child wrote"
     assert store.get_snapshot("child-0") is not None
 
 
