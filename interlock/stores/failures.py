@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-__all__ = ["first_line", "is_store_failure", "retry_store_failures"]
+__all__ = ["first_line", "is_schema_error", "is_store_failure", "retry_store_failures"]
 
 T = TypeVar("T")
 
@@ -32,6 +33,26 @@ def is_store_failure(exc: BaseException) -> bool:
     if isinstance(exc, DataError | IntegrityError):
         return False
     return isinstance(exc, DBAPIError | PoolTimeout)
+
+
+_SQLITE_SCHEMA = re.compile(r"^no such (table|column): |\bhas no column named ")
+"""SQLite's words for a table or a column that its database does not hold."""
+_PG_SCHEMA = {"42P01", "42703"}
+"""PostgreSQL's SQLSTATEs for the same: undefined_table, undefined_column."""
+
+
+def is_schema_error(exc: BaseException) -> bool:
+    """True for an error of a store that answered but whose database lacks a table or a
+    column a statement names (tables another program made, or none made yet): no
+    outage, and trying again cannot help. A connection that failed is no such error."""
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(exc, DBAPIError):
+        return False
+    orig = exc.orig
+    if type(orig).__module__ == "sqlite3":
+        return _SQLITE_SCHEMA.search(str(orig)) is not None
+    return getattr(orig, "sqlstate", None) in _PG_SCHEMA  # psycopg's
 
 
 def retry_store_failures(

@@ -48,6 +48,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    inspect,
     literal,
     or_,
     select,
@@ -324,6 +325,24 @@ class SqlSessionStore:
             if self._dialect == "postgresql":
                 conn.execute(select(func.pg_advisory_xact_lock(_DDL_LOCK_KEY)))
             tables.create_all(conn, checkfirst=True)
+
+    def lacking_columns(self, *tables: MetaData) -> dict[str, list[str]]:
+        """The tables of `tables` that the database holds without every column they need
+        (made by another program, or by hand), each with the columns it lacks, in the
+        order the table declares them. A table not there is not listed: `create_all`
+        makes it. Reads only."""
+        found = inspect(self.engine)
+        name: Callable[[str], str] = str.lower if self._dialect == "sqlite" else str
+        lacking: dict[str, list[str]] = {}
+        for group in tables:
+            for table in group.sorted_tables:
+                if not found.has_table(table.name):
+                    continue
+                held = {name(column["name"]) for column in found.get_columns(table.name)}
+                missing = [c.name for c in table.columns if name(c.name) not in held]
+                if missing:
+                    lacking[table.name] = missing
+        return lacking
 
     @staticmethod
     def fast(statement: ClauseElement) -> FastStatement:

@@ -713,3 +713,75 @@ def test_schemas_to_a_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> 
     assert checked.stderr.startswith("error: FAILED_PRECONDITION: schemas are out of date")
     assert str(out / "decision.schema.json") in checked.stderr, checked.describe()
     assert "Traceback" not in checked.stderr
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_migrate_refuses_tables_of_interlocks_names_that_lack_its_columns(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Tables named as Interlock's but made by another program: `migrate` names each
+    and the columns it lacks (FAILED_PRECONDITION) and changes nothing, where it used to
+    report success; a command that then reads the store says it reached it and cannot
+    use it, pointing at `migrate`, not that it cannot reach it."""
+    from events.outbox import outbox_table
+    from interlock.stores.sql import metadata
+
+    url = (
+        f"sqlite:///{tmp_path / 'theirs.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    theirs = create_engine(url)
+    try:
+        with theirs.begin() as conn:
+            conn.execute(text("CREATE TABLE interlock_snapshot (snapshot_id TEXT, x INTEGER)"))
+            conn.execute(text("CREATE TABLE interlock_outbox (id INTEGER, sent_at TEXT)"))
+        made = run_cli("migrate", "--store", url, timeout=60)
+        assert made.returncode == 1, made.describe()
+        snapshots = metadata.tables["interlock_snapshot"]
+        snapshot = [c.name for c in snapshots.columns if c.name != "snapshot_id"]
+        outbox = [c.name for c in outbox_table.columns if c.name not in ("id", "sent_at")]
+        assert made.stderr.strip() == (
+            f"error: FAILED_PRECONDITION: the store at {redact_url(url)} holds tables named "
+            "as Interlock's but lacking columns it needs: interlock_snapshot lacks "
+            f"{', '.join(snapshot)}; interlock_outbox lacks {', '.join(outbox)}; nothing was "
+            "changed: rename or drop them, or check --store or INTERLOCK_STORE_URL"
+        ), made.describe()
+        assert made.stdout == "", made.describe()
+        found = inspect(theirs)
+        assert sorted(found.get_table_names()) == ["interlock_outbox", "interlock_snapshot"]
+        assert [c["name"] for c in found.get_columns("interlock_snapshot")] == [
+            "snapshot_id",
+            "x",
+        ]
+        with theirs.begin() as conn:
+            conn.execute(text("DROP TABLE interlock_outbox"))
+        listed = run_cli("pending", "--store", url, timeout=60)
+        assert listed.returncode == 1, listed.describe()
+        said = (
+            "no such column: interlock_snapshot.seq"
+            if backend == "sqlite"
+            else "column interlock_snapshot.seq does not exist"
+        )
+        assert listed.stderr.strip() == (
+            f"error: FAILED_PRECONDITION: cannot use the store: {said} ({redact_url(url)}): "
+            "its tables are not those Interlock makes; run `interlock migrate`, which makes "
+            "those missing and names those that lack columns"
+        ), listed.describe()
+        again = run_cli("migrate", "--store", url, timeout=60)
+        assert again.returncode == 1, again.describe()
+        assert again.stderr.strip().endswith(
+            f"holds a table named as Interlock's but lacking columns it needs: "
+            f"interlock_snapshot lacks {', '.join(snapshot)}; nothing was changed: rename or "
+            "drop it, or check --store or INTERLOCK_STORE_URL"
+        ), again.describe()
+        assert inspect(theirs).get_table_names() == ["interlock_snapshot"]
+    finally:
+        theirs.dispose()
+    down = f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/x"  # not reached: as before
+    unreached = run_cli("pending", "--store", down, timeout=60)
+    assert unreached.returncode == 1, unreached.describe()
+    assert unreached.stderr.startswith(
+        "error: UNAVAILABLE: cannot reach the store: connection failed: "
+    ), unreached.describe()
+    assert unreached.stderr.strip().endswith(f"({down})"), unreached.describe()

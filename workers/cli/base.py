@@ -20,6 +20,7 @@ import click
 
 from interlock import InterlockError, Status, StatusError, status_of
 from interlock.stores.failures import first_line as one_line
+from interlock.stores.failures import is_schema_error
 
 from ..settings import Settings, redact_url
 
@@ -100,6 +101,8 @@ def error_line(exc: Exception) -> tuple[Status, str] | None:
     if refusal is not None:
         return refusal
     reason = unreachable(exc)
+    if reason is not None and is_schema_error(exc):  # reached: waiting cannot help
+        return Status.FAILED_PRECONDITION, reason
     return None if reason is None else (Status.UNAVAILABLE, reason)
 
 
@@ -261,11 +264,20 @@ def unreachable(exc: Exception) -> str | None:
     if isinstance(exc, DBAPIError):
         first = one_line(exc)
         where = "" if _STORE_IN_USE.url is None else f" ({redact_url(_STORE_IN_USE.url)})"
+        if is_schema_error(exc):  # SQLite says so as an OperationalError: reached all the same
+            return f"cannot use the store: {first}{where}: {NOT_INTERLOCKS_TABLES}"
         if isinstance(exc, StoreError):
             return f"cannot reach the store: {first}{where}"
-        # A file that is no database, tables of another program: the store is unusable.
+        # A file that is no database, a table not permitted: the store is unusable.
         return f"cannot use the store: {first}{where}"
     return None
+
+
+NOT_INTERLOCKS_TABLES = (
+    "its tables are not those Interlock makes; run `interlock migrate`, which makes "
+    "those missing and names those that lack columns"
+)
+"""The end of the line of a store whose database lacks a table or a column."""
 
 
 class _StoreInUse:
