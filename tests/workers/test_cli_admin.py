@@ -168,9 +168,56 @@ def test_numbers_that_cannot_work_are_usage_errors(tmp_path: Path) -> None:
 def test_schemas_check_names_missing_files(tmp_path: Path) -> None:
     result = run_cli("schemas", "--check", "--out", str(tmp_path / "none"), timeout=60)
     assert result.returncode == 1, result.describe()
-    assert result.stderr.startswith(f"error: NOT_FOUND: no schema files in {tmp_path}/none"), (
-        result.stderr
-    )
+    assert result.stderr == (
+        f"error: NOT_FOUND: no schema files in {tmp_path}/none: run "
+        f"`interlock schemas --out {tmp_path}/none`\n"
+    ), result.describe()
+
+
+def test_schemas_check_names_each_file_amiss_and_the_command_that_writes_them(
+    tmp_path: Path,
+) -> None:
+    """One file missing is named as such (not "no schema files"); a .schema.json file no
+    model writes (a message renamed or dropped) fails the check, named; the hint is the
+    command that writes the folder checked: `make schemas` for docs/schemas only."""
+    import shlex
+
+    from schemas.json_schema import message_schemas
+
+    out = tmp_path / "my schemas"
+    write = f"interlock schemas --out {shlex.quote(str(out))}"
+    assert run_cli("schemas", "--out", str(out), timeout=60).returncode == 0
+    (out / "decision.schema.json").unlink()
+    one = run_cli("schemas", "--check", "--out", str(out), timeout=60)
+    assert one.returncode == 1, one.describe()
+    assert one.stderr == (
+        f"error: FAILED_PRECONDITION: schemas are out of date in {out}: missing "
+        f"{out}/decision.schema.json (run `{write}`)\n"
+    ), one.describe()
+    assert run_cli("schemas", "--out", str(out), timeout=60).returncode == 0
+    (out / "turn.renamed.schema.json").write_text("{}\n")
+    (out / "notes.json").write_text("{}\n")  # no schema: not the check's
+    extra = run_cli("schemas", "--check", "--out", str(out), timeout=60)
+    assert extra.returncode == 1, extra.describe()
+    assert extra.stderr == (
+        f"error: FAILED_PRECONDITION: schemas are out of date in {out}: no model writes "
+        f"{out}/turn.renamed.schema.json (delete it)\n"
+    ), extra.describe()
+    (out / "turn.renamed.schema.json").unlink()
+    ok = run_cli("schemas", "--check", "--out", str(out), timeout=60)
+    assert ok.returncode == 0, ok.describe()
+    assert ok.json_lines() == [{"schemas": str(out), "checked": len(message_schemas())}]
+    assert run_cli("schemas", cwd=tmp_path, timeout=60).returncode == 0  # docs/schemas
+    event = tmp_path / "docs" / "schemas" / "event.schema.json"
+    event.write_text(event.read_text() + "\n")
+    (event.parent / "decision.schema.json").unlink()
+    stale = run_cli("schemas", "--check", cwd=tmp_path, timeout=60)
+    assert stale.returncode == 1, stale.describe()
+    assert stale.stderr == (
+        "error: FAILED_PRECONDITION: schemas are out of date in docs/schemas: missing "
+        "docs/schemas/decision.schema.json; different from the models: "
+        "docs/schemas/event.schema.json (run `make schemas`)\n"
+    ), stale.describe()
 
 
 def test_migrate_erases_tokens_an_older_release_kept(tmp_path: Path, pg_url: str) -> None:

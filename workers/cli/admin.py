@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -259,55 +260,82 @@ def _unusable(exc: Exception) -> str:
     return said if isinstance(exc, StatusError) else f"{Status.UNAVAILABLE.value}: {said}"
 
 
+SCHEMAS_DIR = "docs/schemas"
+"""Where `make schemas` writes the schemas (`interlock schemas --out docs/schemas`)."""
+
+
 @main.command(short_help="Write or check the JSON Schemas of the queue messages.")
 @click.option(
     "--out",
     "out_dir",
-    default="docs/schemas",
+    default=SCHEMAS_DIR,
     show_default=True,
     type=click.Path(file_okay=False),
     help="Where the .schema.json files go.",
 )
-@click.option("--check", is_flag=True, help="Exit 1 if the files differ from the models.")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 1 if the files differ from the models, one is missing, or a .schema.json "
+    "file there is one no model writes.",
+)
 def schemas(out_dir: str, check: bool) -> None:
     """Write (or --check) the JSON Schema of every queue message."""
 
     from schemas.json_schema import message_schemas, render
 
     folder = Path(out_dir)
-    stale, missing = [], []
-    for name, schema in sorted(message_schemas().items()):
-        path = folder / name
-        text = render(schema)
-        if check and not path.exists():
-            missing.append(str(path))
-        elif check:
-            try:
-                current: str | None = path.read_text()
-            except (OSError, UnicodeDecodeError):  # a folder, unreadable, not text
-                current = None
-            if current != text:
-                stale.append(str(path))
-        else:
+    wanted = message_schemas()
+    if not check:
+        for name, schema in sorted(wanted.items()):
+            path = folder / name
             try:
                 folder.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
+                path.write_text(render(schema))
             except OSError as exc:
                 fail(
                     f"{Status.INVALID_ARGUMENT.value}: cannot write the schemas to {folder}: "
                     f"{exc.strerror or exc} ({exc.filename or path}); check --out"
                 )
-    if missing:
+        emit({"schemas": str(folder), "written": len(wanted)})
+        return
+    missing, changed = [], []
+    for name, schema in sorted(wanted.items()):
+        path = folder / name
+        if not path.exists():
+            missing.append(str(path))
+            continue
+        try:
+            current: str | None = path.read_text()
+        except (OSError, UnicodeDecodeError):  # a folder, unreadable, not text
+            current = None
+        if current != render(schema):
+            changed.append(str(path))
+    extra = sorted(
+        str(path)
+        for path in (folder.glob("*.schema.json") if folder.is_dir() else [])
+        if path.name not in wanted
+    )
+    write = (
+        "make schemas"
+        if Path(out_dir) == Path(SCHEMAS_DIR)
+        else f"interlock schemas --out {shlex.quote(out_dir)}"
+    )
+    if len(missing) == len(wanted) and not extra:
+        fail(f"{Status.NOT_FOUND.value}: no schema files in {folder}: run `{write}`")
+    if missing or changed or extra:
+        said = [f"missing {', '.join(missing)}"] if missing else []
+        said += [f"different from the models: {', '.join(changed)}"] if changed else []
+        found = [f"{'; '.join(said)} (run `{write}`)"] if said else []
+        if extra:
+            found.append(
+                f"no model writes {', '.join(extra)} (delete {'it' if len(extra) == 1 else 'them'})"
+            )
         fail(
-            f"{Status.NOT_FOUND.value}: no schema files in {folder} (run `make schemas`): "
-            "missing " + ", ".join(missing)
+            f"{Status.FAILED_PRECONDITION.value}: schemas are out of date in {folder}: "
+            + "; ".join(found)
         )
-    if stale:
-        fail(
-            f"{Status.FAILED_PRECONDITION.value}: schemas are out of date (run `make schemas`): "
-            + ", ".join(stale)
-        )
-    emit({"schemas": str(folder), "checked" if check else "written": len(message_schemas())})
+    emit({"schemas": str(folder), "checked": len(wanted)})
 
 
 @main.command(short_help="A session's interrupts, decisions and outcomes.")
