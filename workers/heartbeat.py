@@ -4,7 +4,9 @@ broker and a store that answer."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,7 +23,11 @@ log = logging.getLogger("interlock.worker")
 
 def touch(path: Path) -> str | None:
     """Touch `path`; None when done, else why not (a missing folder, a read-only disk):
-    a process that serves says so in its log and goes on, a health check tells."""
+    a process that serves says so in its log and goes on, a health check tells. A folder
+    is refused: its time can be set, but `interlock health` takes no folder for a
+    heartbeat."""
+    if path.is_dir():
+        return f"cannot touch the heartbeat file {path}: {os.strerror(errno.EISDIR)}"
     try:
         path.touch()
     except OSError as exc:

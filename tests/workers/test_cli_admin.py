@@ -85,7 +85,7 @@ def test_health_reads_the_store_url_as_the_store_does(tmp_path: Path, redis_url:
     wrong = run_cli("health", "--broker", redis_url, "--store", f"sqlite:///{garbage}")
     assert wrong.returncode == 1, wrong.describe()
     [report] = wrong.json_lines()
-    assert report["store"] == "error: UNAVAILABLE: file is not a database", report
+    assert report["store"] == f"error: UNAVAILABLE: file is not a database (sqlite:///{garbage})"
     nobody = f"redis://127.0.0.1:{free_port()}/0"
     unreachable = run_cli("health", "--broker", nobody, "--store", store, timeout=60)
     assert unreachable.returncode == 1, unreachable.describe()
@@ -159,10 +159,21 @@ def test_numbers_that_cannot_work_are_usage_errors(tmp_path: Path) -> None:
         (["worker", "--concurrency", "0"], "--concurrency"),
         (["worker", "--loglevel", "LOUD"], "--loglevel"),
         (["health", "--max-age", "-5"], "--max-age"),
+        (["health", "--max-age", "nan"], "--max-age"),
+        (["health", "--max-age", "inf"], "--max-age"),
+        (["submit", "--agent", "a", "--text", "hi", "--timeout", "nan"], "--timeout"),
+        (["worker", "--burst", "--idle", "inf"], "--idle"),
     ):
         result = run_cli(*args, cwd=tmp_path, timeout=60)
         assert result.returncode == 2, result.describe()
         assert f"Invalid value for '{flag}'" in result.stderr, result.describe()
+    for value in ("nan", "inf", "NaN", "1e999"):  # no age is either: each check would pass
+        result = run_cli("health", "--max-age", value, cwd=tmp_path, timeout=60)
+        assert result.returncode == 2, result.describe()
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"Error: Invalid value for '--max-age': {float(value)} is not a finite number "
+            "of seconds."
+        ), result.describe()
 
 
 def test_schemas_check_names_missing_files(tmp_path: Path) -> None:
@@ -324,6 +335,86 @@ def test_health_says_a_heartbeat_file_is_missing(tmp_path: Path, redis_url: str)
     assert (report["heartbeat"], report["heartbeat_age"]) == ("missing", None), report
     last = result.stderr.strip().splitlines()[-1]
     assert last == "error: UNAVAILABLE: unhealthy: heartbeat missing", result.stderr
+
+
+def test_health_takes_no_heartbeat_dated_ahead_of_its_clock_nor_a_folder(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A heartbeat file touched in the future (clocks apart, a file set by hand) would
+    look fresh for as long as it is ahead, whatever the process does; a folder's time
+    can be set but it is no heartbeat file. Each is an error naming the file, where
+    both counted as `ok`."""
+    where = ["--broker", redis_url, "--store", f"sqlite:///{tmp_path}/h.db"]
+    ahead = tmp_path / "ahead.alive"
+    ahead.touch()
+    later = time.time() + 3600
+    os.utime(ahead, (later, later))
+    result = run_cli("health", *where, "--heartbeat-file", str(ahead), timeout=60)
+    assert result.returncode == 1, result.describe()
+    [report] = result.json_lines()
+    said = (
+        rf"error: FAILED_PRECONDITION: the heartbeat file {re.escape(str(ahead))} is dated "
+        r"35\d\d s ahead of this machine's clock: it cannot say whether the process is "
+        "alive; check the clocks of this machine and of the one that touches it"
+    )
+    assert re.fullmatch(said, report["heartbeat"]), report
+    assert -3600 <= report["heartbeat_age"] < -3500, report
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(f"error: UNAVAILABLE: unhealthy: heartbeat {said}", last), last
+    folder = tmp_path / "folder.alive"
+    folder.mkdir()
+    result = run_cli("health", *where, "--heartbeat-file", str(folder), timeout=60)
+    assert result.returncode == 1, result.describe()
+    said = (
+        f"error: INVALID_ARGUMENT: the heartbeat file {folder} is a directory: check "
+        "--heartbeat-file: it names the file a worker or a resume consumer touches"
+    )
+    assert result.json_lines() == [
+        {"broker": "ok", "store": "ok", "heartbeat_age": None, "heartbeat": said}
+    ], result.describe()
+    assert result.stderr.strip() == f"error: UNAVAILABLE: unhealthy: heartbeat {said}"
+    fresh = tmp_path / "fresh.alive"
+    fresh.touch()
+    result = run_cli("health", *where, "--heartbeat-file", str(fresh), timeout=60)
+    assert result.returncode == 0, result.describe()
+    [report] = result.json_lines()
+    assert report["heartbeat"] == "ok" and 0 <= report["heartbeat_age"] < 30, report
+
+
+def test_health_refuses_what_lives_in_one_process_and_names_the_store_that_fails(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A memory:// broker and a SQLite database in memory answer every check, yet no
+    worker or consumer shares them: each is an error (INVALID_ARGUMENT), where both were
+    `ok`. A store that fails is named by its URL, its password hidden."""
+    where = ["--store", f"sqlite:///{tmp_path}/h.db"]
+    result = run_cli("health", "--broker", "memory://", *where, timeout=60)
+    assert result.returncode == 1, result.describe()
+    said = (
+        "error: INVALID_ARGUMENT: a memory:// broker lives inside one process: nothing sent "
+        "there reaches a worker or a resume consumer; use redis://HOST:6379/0 or "
+        "amqp://HOST:5672//"
+    )
+    assert result.json_lines() == [{"broker": said, "store": "ok"}], result.describe()
+    assert result.stderr.strip() == f"error: UNAVAILABLE: unhealthy: broker {said}"
+    result = run_cli("health", "--broker", redis_url, "--store", "sqlite://", timeout=60)
+    assert result.returncode == 1, result.describe()
+    [report] = result.json_lines()
+    assert report == {
+        "broker": "ok",
+        "store": "error: INVALID_ARGUMENT: the store sqlite:// is a SQLite database in "
+        "memory: it lives inside one process, and no other process (the worker's, the "
+        "resume consumer) sees it; give a file (sqlite:///interlock.db) or a PostgreSQL URL",
+    }, report
+    down = f"postgresql+psycopg://nobody:s3cret@127.0.0.1:{free_port()}/x"
+    result = run_cli("health", "--broker", redis_url, "--store", down, timeout=60)
+    assert result.returncode == 1, result.describe()
+    [report] = result.json_lines()
+    assert report["store"].startswith("error: UNAVAILABLE: connection failed: "), report
+    assert report["store"].endswith(f" ({redact_url(down)})"), report
+    assert "nobody:***@" in report["store"], report
+    assert "s3cret" not in result.stdout + result.stderr, result.describe()
+    assert result.stderr.strip().endswith(f" ({redact_url(down)})"), result.describe()
 
 
 def test_a_broken_app_module_is_one_line(tmp_path: Path) -> None:
@@ -497,7 +588,8 @@ def test_a_store_whose_folder_or_server_is_not_there_is_said_in_one_line(
     checked = run_cli("health", "--store", f"sqlite:///{store}", *broker)
     [report] = checked.json_lines()
     assert report["store"] == (
-        f"error: NOT_FOUND: no store at {store}, and {store.parent} does not exist"
+        f"error: NOT_FOUND: no store at {store}, and {store.parent} does not exist "
+        f"(sqlite:///{store})"
     )
     down = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x"
     checked = run_cli("health", "--store", down, *broker)

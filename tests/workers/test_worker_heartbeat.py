@@ -89,6 +89,15 @@ def test_a_heartbeat_file_that_cannot_be_touched_is_refused_at_start(
     ), result.describe()
     assert "Traceback" not in result.stderr and result.stdout == "", result.describe()
     assert not beat.parent.exists()
+    folder = tmp_path / "folder.alive"  # its time can be set; no health check takes it
+    folder.mkdir()
+    result = run_cli(command, "--app", APP, *where, "--heartbeat-file", str(folder), timeout=60)
+    assert result.returncode == 1, result.describe()
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: INVALID_ARGUMENT: cannot touch the heartbeat file {folder}: Is a directory: "
+        "check --heartbeat-file or INTERLOCK_HEARTBEAT_FILE"
+    ), result.describe()
+    assert result.stdout == "", result.describe()
 
 
 class _Alone:

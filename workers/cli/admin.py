@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from interlock.stores.failures import first_line as one_line
 
 from ..settings import redact_url
 from .base import (
+    Seconds,
     broker_option,
     check_sqlite_folder,
     clear_errors,
@@ -65,7 +67,7 @@ DEMO_TEXT = "Transfer $500 to my savings account."
     "--timeout",
     default=60.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(min=0, min_open=True),
     help="Seconds to wait for each hop.",
 )
 @click.option(
@@ -193,7 +195,7 @@ def migrate(store: str | None) -> None:
     "--max-age",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(min=0, min_open=True),
     help="Seconds, with --heartbeat-file.",
 )
 @clear_errors
@@ -201,8 +203,6 @@ def health(
     broker: str | None, store: str | None, heartbeat_file: str | None, max_age: float
 ) -> None:
     """Check the broker, the store and (optionally) a heartbeat file; exit 1 if any fails."""
-    from pathlib import Path
-
     from sqlalchemy import text
 
     from events.publisher import TopologyConflict, declare
@@ -211,6 +211,7 @@ def health(
     settings = settings_of(broker=broker, store=store)
     report: dict[str, Any] = {}
     try:
+        shared_broker(settings)  # one in this process alone is no broker of the others'
         with Connection(settings.broker_url, connect_timeout=5) as conn:
             conn.ensure_connection(max_retries=1)
             declare(conn)  # as workers do: one the broker holds declared otherwise shows
@@ -222,6 +223,7 @@ def health(
         said = _unusable(exc) if known is None else f"{known[0].value}: {known[1]}"
         report["broker"] = f"error: {said}"
     try:
+        shared_store(settings)  # nor a SQLite database in memory a store of the others'
         missing = missing_sqlite_file(settings.store_url)
         if missing is not None:  # connecting would make it: usable if it can be made
             if not missing.parent.is_dir():
@@ -234,23 +236,57 @@ def health(
                 )
         else:
             engine = make_engine(settings.store_url)  # the store's own URL options understood
-            with engine.connect() as db:
-                db.execute(text("SELECT 1"))
-            engine.dispose()
+            try:
+                with engine.connect() as db:
+                    db.execute(text("SELECT 1"))
+            finally:
+                engine.dispose()
         report["store"] = "ok"
     except Exception as exc:
         known = store_refusal(exc)  # a refusal (NOT_FOUND, UNAUTHENTICATED), not an outage
         said = _unusable(exc) if known is None else f"{known[0].value}: {known[1]}"
-        report["store"] = f"error: {said}"
+        where = redact_url(settings.store_url)  # which store: the default may not be theirs
+        report["store"] = f"error: {said}" + ("" if where in said else f" ({where})")
     if heartbeat_file:
-        path = Path(heartbeat_file)
-        age = time.time() - path.stat().st_mtime if path.exists() else None
-        report["heartbeat_age"] = round(age, 1) if age is not None else None
-        report["heartbeat"] = "missing" if age is None else "ok" if age <= max_age else "stale"
+        report["heartbeat_age"], report["heartbeat"] = _heartbeat(Path(heartbeat_file), max_age)
     emit(report)
     failed = [f"{k} {v}" for k, v in report.items() if k != "heartbeat_age" and v != "ok"]
     if failed:
         fail(f"{Status.UNAVAILABLE.value}: unhealthy: " + "; ".join(failed))
+
+
+AHEAD_SLACK = 1.0
+"""Seconds a heartbeat file may be dated ahead of this machine's clock and still count
+(a file system that stamps times of its own, a little off)."""
+
+
+def _heartbeat(path: Path, max_age: float) -> tuple[float | None, str]:
+    """The age of the heartbeat file `path`, in seconds (None when it has none), and what
+    it says: `ok`, `stale`, `missing`, or `error: STATUS: why` for a file that cannot tell
+    (a folder, a time ahead of this machine's clock, one that cannot be read)."""
+    try:
+        found = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None, "missing"
+    except OSError as exc:
+        return None, (
+            f"error: {Status.UNAVAILABLE.value}: cannot read the heartbeat file {path}: "
+            f"{exc.strerror or exc}"
+        )
+    if not stat.S_ISREG(found.st_mode):
+        kind = "a directory" if stat.S_ISDIR(found.st_mode) else "no regular file"
+        return None, (
+            f"error: {Status.INVALID_ARGUMENT.value}: the heartbeat file {path} is {kind}: "
+            "check --heartbeat-file: it names the file a worker or a resume consumer touches"
+        )
+    age = time.time() - found.st_mtime
+    if age < -AHEAD_SLACK:
+        return round(age, 1), (
+            f"error: {Status.FAILED_PRECONDITION.value}: the heartbeat file {path} is dated "
+            f"{-age:.0f} s ahead of this machine's clock: it cannot say whether the process "
+            "is alive; check the clocks of this machine and of the one that touches it"
+        )
+    return round(age, 1), "ok" if age <= max_age else "stale"
 
 
 def _unusable(exc: Exception) -> str:

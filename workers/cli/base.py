@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import re
 import signal
@@ -484,6 +485,17 @@ def in_memory_sqlite(url: str) -> bool:
     )
 
 
+class Seconds(click.FloatRange):
+    """A number of seconds within a range, and finite: `nan` and `inf` parse as floats
+    and pass every comparison a range makes, but no wait or age can be either."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{seconds} is not a finite number of seconds.", param, ctx)
+        return seconds
+
+
 wait_option = click.option(
     "--wait",
     is_flag=True,
@@ -493,7 +505,7 @@ timeout_option = click.option(
     "--timeout",
     default=60.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(min=0, min_open=True),
     help="Seconds to wait for each event.",
 )
 burst_option = click.option(
@@ -503,7 +515,7 @@ idle_option = click.option(
     "--idle",
     default=1.0,
     show_default=True,
-    type=click.FloatRange(min=0.1),
+    type=Seconds(min=0.1),
     help="With --burst: seconds with nothing to do before exiting.",
 )
 
