@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import uuid
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -26,6 +25,7 @@ from schemas import (
     utcnow,
 )
 
+from ._ids import new_id
 from .errors import (
     InterlockError,
     ResumeSnapshotNotFoundError,
@@ -67,10 +67,6 @@ def _store_unavailable(exc: BaseException) -> bool:
     from .stores.failures import is_store_failure
 
     return is_store_failure(exc)
-
-
-def _new_id() -> str:
-    return str(uuid.uuid4())
 
 
 def as_input(value: AgentInput | Message | ToolResume | str | None) -> AgentInput:
@@ -197,8 +193,8 @@ class Agent:
         base = self._address(agent_input, session_id, snapshot_id, state, new_session=fresh)
         answers: Mapping[str, Answer] | None = None
         claim: str | None = None
-        claimer = claimed_by or (f"turn:{turn_id}" if again and turn_id else _new_id())
-        turn_id = turn_id or _new_id()
+        claimer = claimed_by or (f"turn:{turn_id}" if again and turn_id else new_id())
+        turn_id = turn_id or new_id()
         try:
             if agent_input.resume is not None:
                 answers = self._plan(agent_input.resume, base, claimer)
@@ -343,7 +339,7 @@ class Agent:
                     "output (state=...), not a session or snapshot id",
                 )
             if state is None:
-                return _Base(new_session or _new_id(), None)
+                return _Base(new_session or new_id(), None)
             snapshot = self.registry.state_codec.decode(state)
             if snapshot.agent != self.name:
                 raise StatusError(
@@ -382,7 +378,7 @@ class Agent:
                     f"session {session_id} belongs to agent {latest.agent!r}, not {self.name!r}",
                 )
             return _Base(session_id, latest)
-        return _Base(new_session or _new_id(), None)
+        return _Base(new_session or new_id(), None)
 
     def _session_snapshot(self, session_id: str, *, resume: bool) -> Snapshot | None:
         """The snapshot that `session_id=` continues: the session's latest `completed`
@@ -530,7 +526,7 @@ class Agent:
         inherited = turn.inherited if base.snapshot is not None else 0
         now = utcnow()
         return Snapshot(
-            snapshot_id=_new_id(),
+            snapshot_id=new_id(),
             session_id=base.session_id,
             parent_id=base.snapshot.snapshot_id if base.snapshot else None,
             agent=self.name,

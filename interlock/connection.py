@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import queue
 import threading
-import uuid
 from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from schemas import AgentChunk, AgentInput, AgentOutput, Message, Part, Status, ToolResume
 
+from ._ids import new_id
 from .errors import StatusError
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ class Connection:
     ) -> None:
         self.agent = agent
         if agent.store is not None and session_id is None and snapshot_id is None:
-            session_id = str(uuid.uuid4())  # one session, even if the first turn fails
+            session_id = new_id()  # one session, even if the first turn fails
         self.session_id = session_id
         self.snapshot_id = snapshot_id
         self.state = state

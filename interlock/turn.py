@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from schemas import (
     ToolResponse,
 )
 
+from ._ids import new_id
 from ._json import to_json_value
 from .context import ToolContext
 from .errors import InterlockError, StatusError, ToolFailedError, ToolNotFoundError
@@ -373,7 +373,7 @@ def _with_refs(message: Message, taken: set[str]) -> Message:
     for part in message.content:
         req = part.tool_request
         if req is not None:
-            ref = req.ref if req.ref and req.ref not in seen else str(uuid.uuid4())
+            ref = req.ref if req.ref and req.ref not in seen else new_id()
             seen.add(ref)
             given = req.input
             value = given if _is_plain_json(given) else to_json_value(given)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from schemas import Message, Part, Status
 
+from .._ids import new_id
 from ..errors import StatusError
 
 __all__ = [
@@ -29,7 +29,7 @@ log = logging.getLogger("interlock.models")
 
 
 def new_ref() -> str:
-    return str(uuid.uuid4())
+    return new_id()
 
 
 def check_history(messages: Sequence[Message], model: str) -> None:

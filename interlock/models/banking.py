@@ -13,6 +13,7 @@ example's fits.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 from schemas import Message, ModelRequest, Part, ToolDefinition, ToolRequest
@@ -33,7 +34,7 @@ def banking_model(request: ModelRequest) -> Message:
     """Turns "Transfer $N to ACCOUNT" into transfer calls, and results into an answer."""
     messages = request.messages
     users = [i for i, m in enumerate(messages) if m.role == "user"]
-    steps = _steps(messages[users[-1]].text) if users else []
+    steps = _steps(messages[users[-1]].text) if users else ()
     if not steps:
         return _text("I am a banking assistant: ask me to 'Transfer $AMOUNT to ACCOUNT'.")
     tool = _transfer_tool(request.tools)
@@ -67,8 +68,10 @@ def _text(value: str) -> Message:
     return Message(role="model", content=[Part(text=value)])
 
 
-def _steps(text: str) -> list[list[tuple[float, str]]]:
-    """'Transfer $1 to a and $2 to b then $3 to c' -> [[(1, a), (2, b)], [(3, c)]]."""
+@lru_cache(maxsize=256)
+def _steps(text: str) -> tuple[tuple[tuple[float, str], ...], ...]:
+    """'Transfer $1 to a and $2 to b then $3 to c' -> (((1, a), (2, b)), ((3, c),)).
+    Parsed once per text: the model reads the same request at every call of a turn."""
     body = re.sub(r"^\s*(please\s+)?transfer\s+", "", text.strip(), flags=re.IGNORECASE)
     steps = []
     for group in re.split(r",?\s+then\s+", body, flags=re.IGNORECASE):
@@ -78,8 +81,8 @@ def _steps(text: str) -> list[list[tuple[float, str]]]:
             if match:
                 calls.append((float(match.group(1).replace(",", "")), match.group(2).strip()))
         if calls:
-            steps.append(calls)
-    return steps
+            steps.append(tuple(calls))
+    return tuple(steps)
 
 
 def _transfer_tool(tools: list[ToolDefinition]) -> ToolDefinition | None:

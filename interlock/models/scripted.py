@@ -9,12 +9,12 @@ For tests, examples and the demo: no network, fully deterministic.
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from schemas import Message, ModelRequest, ModelResponse, Part, Status, ToolRequest
 
+from .._ids import new_id
 from .._json import to_json_value
 from ..errors import StatusError
 from ..tools import run_sync
@@ -36,9 +36,7 @@ def text(value: str) -> Message:
 def tool_call(name: str, input: Any = None, ref: str | None = None) -> Part:
     """A tool-request part (give several to one `reply` for parallel calls)."""
     return Part(
-        tool_request=ToolRequest(
-            name=name, ref=ref or str(uuid.uuid4()), input=to_json_value(input)
-        )
+        tool_request=ToolRequest(name=name, ref=ref or new_id(), input=to_json_value(input))
     )
 
 

@@ -58,7 +58,10 @@ class HeldConnections:
             with engine.begin() as own:
                 yield own
             return
-        conn.execution_options(interlock_write=write, interlock_relaxed=relaxed)
+        local: Any = self._local
+        if local.options != (write, relaxed):  # set only when they change: not free
+            conn.execution_options(interlock_write=write, interlock_relaxed=relaxed)
+            local.options = (write, relaxed)
         try:
             with conn.begin():
                 yield conn
@@ -82,7 +85,7 @@ class HeldConnections:
                     return None
                 conn = self.engine.connect()
                 self._open.add(conn)
-            local.conn, local.pid = conn, pid
+            local.conn, local.pid, local.options = conn, pid, None
         return conn
 
     def close(self) -> None:
