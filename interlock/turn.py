@@ -14,6 +14,7 @@ from schemas import (
     ModelRequest,
     ModelResponse,
     Part,
+    Role,
     Status,
     ToolResponse,
 )
@@ -190,8 +191,8 @@ class Turn:
         self.messages[-1] = message
         interrupts = [p for p in parts if p.is_interrupt()]
         if executed:
-            self.emit(AgentChunk(model_chunk=ModelChunk(role="tool", content=executed)))
-        self.emit(AgentChunk(model_chunk=ModelChunk(role="tool", content=interrupts)))
+            self._stream("tool", executed)
+        self._stream("tool", interrupts)
         return self._finish(FinishReason.INTERRUPTED, message)
 
     def _finish(self, reason: FinishReason, message: Message) -> TurnResult:
@@ -201,11 +202,17 @@ class Turn:
         if not responses:
             return
         self.messages.append(Message(role="tool", content=responses))
-        self.emit(AgentChunk(model_chunk=ModelChunk(role="tool", content=responses)))
+        self._stream("tool", responses)
 
     def emit(self, chunk: AgentChunk) -> None:
         if self._emit is not None:
             self._emit(chunk)
+
+    def _stream(self, role: Role, content: list[Part]) -> None:
+        """Stream `content` as a chunk of `role`, when the caller streams (a chunk no one
+        reads is not built)."""
+        if self._emit is not None:
+            self._emit(AgentChunk(model_chunk=ModelChunk(role=role, content=list(content))))
 
     # -- model ------------------------------------------------------------------------
 
@@ -214,11 +221,7 @@ class Turn:
         self._step += 1
         if key in self._journaled:  # a redelivered turn: the model already answered
             replayed = ModelResponse.model_validate(self._journaled[key])
-            self.emit(
-                AgentChunk(
-                    model_chunk=ModelChunk(role="model", content=list(replayed.message.content))
-                )
-            )
+            self._stream("model", replayed.message.content)
             return replayed
         response = self._ask_model()
         # Kept once a tool is about to act on it (`_call`): a response no tool acts on
@@ -269,11 +272,7 @@ class Turn:
             ) from exc
         response = response.model_copy(update={"message": message})
         if not streamed:
-            self.emit(
-                AgentChunk(
-                    model_chunk=ModelChunk(role="model", content=list(response.message.content))
-                )
-            )
+            self._stream("model", response.message.content)
         return response
 
     def _refs_in_history(self) -> set[str]:
