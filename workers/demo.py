@@ -178,11 +178,18 @@ def run_on_queues(
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="interlock-demo-"))
             store = store or f"sqlite:///{folder}/interlock.db"
             broker = "memory://localhost/"
-        settings = Settings.from_env(broker_url=broker, store_url=store, app="examples.banking:ai")
+        settings = Settings.from_env(
+            broker_url=broker,
+            store_url=store,
+            app="examples.banking:ai",
+            one_shot=not embedded,  # a client of a broker elsewhere gives up on a silent one
+        )
         app = create_app(settings, ai if embedded else None)
         rt = runtime_of(app)
         stack.callback(rt.close)
         conn = stack.enter_context(rt.connection())
+        if not embedded:  # as kombu connects, but one try of a broker that never answers
+            conn.ensure_connection(max_retries=1, timeout=settings.server_timeout)
         events = EventStream.bind(
             conn, f"interlock.demo.{uuid.uuid4().hex[:8]}", "#", temporary=True
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -23,7 +24,9 @@ __all__ = [
     "Settings",
     "check_broker_url",
     "check_store_url",
+    "one_shot_store_url",
     "redact_url",
+    "server_timeout_from_env",
 ]
 
 DEFAULT_BROKER = "redis://localhost:6379/0"
@@ -31,6 +34,13 @@ DEFAULT_STORE = "sqlite:///interlock.db"
 DEFAULT_TURN_LEASE = 20.0
 """Seconds a worker's hold on a running turn lasts unrenewed (renewed every third): how
 long a turn whose worker died waits before another worker takes it over."""
+DEFAULT_SERVER_TIMEOUT = 5.0
+"""Seconds a command run by hand waits for the broker or the store to answer."""
+SERVER_TIMEOUT_LEAST = 2.0
+"""The shortest `INTERLOCK_SERVER_TIMEOUT` taken: libpq counts its `connect_timeout` in
+whole seconds, 2 at least; and a Redis connection of `--wait` reads the reply of a
+blocking wait the server ends within a second (kombu's `brpop_timeout`), which must come
+well within it."""
 NO_ANSWER_HINT = (
     "are `interlock worker` and `interlock resume-consumer` running on this broker and store?"
 )
@@ -43,9 +53,10 @@ NO_CONSUMER_HINT = "is `interlock resume-consumer` running on this broker and st
 worker, not the resume consumer."""
 
 
-def _seconds(name: str, default: float, *, whole: bool = False) -> float:
+def _seconds(name: str, default: float, *, whole: bool = False, least: float = 0.0) -> float:
     """A positive number of seconds from the variable `name` (`default` when unset or
-    empty); anything else is a clear INVALID_ARGUMENT naming the variable."""
+    empty), `least` or more where given; anything else is a clear INVALID_ARGUMENT
+    naming the variable."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -59,7 +70,18 @@ def _seconds(name: str, default: float, *, whole: bool = False) -> float:
             Status.INVALID_ARGUMENT,
             f"{name} must be {kind} of seconds greater than 0, got {raw!r}",
         )
+    if value < least:
+        raise StatusError(
+            Status.INVALID_ARGUMENT,
+            f"{name} must be {kind} of seconds, {least:g} or more, got {raw!r}",
+        )
     return value
+
+
+def server_timeout_from_env() -> float:
+    """`INTERLOCK_SERVER_TIMEOUT`, checked (`Settings.server_timeout`), for a command
+    that reads no other setting but the store's URL (`pending`, `audit`)."""
+    return _seconds("INTERLOCK_SERVER_TIMEOUT", DEFAULT_SERVER_TIMEOUT, least=SERVER_TIMEOUT_LEAST)
 
 
 @dataclass(frozen=True)
@@ -75,6 +97,13 @@ class Settings:
     turn_lease: float = DEFAULT_TURN_LEASE
     heartbeat_file: str | None = None
     outbox_retention: float = OUTBOX_RETENTION
+    server_timeout: float = DEFAULT_SERVER_TIMEOUT
+    """Seconds a `one_shot` command waits for a broker or store that does not answer."""
+    one_shot: bool = False
+    """A command run by hand (`submit`, `decide`, `health`, ...), not the worker or the
+    resume consumer: its broker connections give up on a broker that does not answer
+    within `server_timeout` (connecting, then each reply), and it connects to the store
+    with `one_shot_store_url`. A long-running process waits for a slow server instead."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -90,6 +119,7 @@ class Settings:
             turn_lease=_seconds("INTERLOCK_TURN_LEASE", DEFAULT_TURN_LEASE),
             heartbeat_file=env.get("INTERLOCK_HEARTBEAT_FILE") or None,
             outbox_retention=_seconds("INTERLOCK_OUTBOX_RETENTION", OUTBOX_RETENTION),
+            server_timeout=server_timeout_from_env(),
         )
         settings = replace(base, **{k: v for k, v in overrides.items() if v is not None})
         settings.check_urls()
@@ -111,6 +141,7 @@ class Settings:
             "INTERLOCK_RELAY_INTERVAL": str(self.relay_interval),
             "INTERLOCK_TURN_LEASE": str(self.turn_lease),
             "INTERLOCK_OUTBOX_RETENTION": str(self.outbox_retention),
+            "INTERLOCK_SERVER_TIMEOUT": str(self.server_timeout),
         }
         if self.app:
             env["INTERLOCK_APP"] = self.app
@@ -142,9 +173,23 @@ class Settings:
 
     @property
     def transport_options(self) -> dict[str, Any]:
-        """Options every kombu/Celery client of the broker must share."""
+        """Options every kombu/Celery client of the broker must share; for a `one_shot`
+        command, also the bounds on the wait for a broker that does not answer."""
         options: dict[str, Any] = {"visibility_timeout": self.visibility_timeout}
-        if self.broker_url.startswith(("redis://", "rediss://", "redis+socket://")):
+        redis = self.broker_url.startswith(("redis://", "rediss://", "redis+socket://"))
+        amqp = self.broker_url.startswith(("amqp://", "amqps://", "pyamqp://"))
+        if self.one_shot and redis:
+            # redis-py waits without end by default, for the connection and for every
+            # reply: a server that takes the connection and says nothing would hold the
+            # command for good. The blocking wait of `--wait` (BLMOVE or BRPOP, ended by
+            # the server within kombu's `brpop_timeout`, 1 s) is read once its socket
+            # has the reply, and it comes well within the bound (SERVER_TIMEOUT_LEAST).
+            options["socket_connect_timeout"] = self.server_timeout
+            options["socket_timeout"] = self.server_timeout
+        if self.one_shot and amqp:
+            # py-amqp's bound on the connection and its handshake (kombu's default: 5 s)
+            options["connect_timeout"] = self.server_timeout
+        if redis:
             # kombu restores unacked messages past the timeout in sweeps, by default every
             # 10 s x 10 (100 s) in a worker: a short timeout would redeliver a dead
             # worker's turn ~100 s late. Sweep every timeout/2 (at the default 3600 s,
@@ -156,7 +201,7 @@ class Settings:
             )
         if self.broker_url.startswith("memory://"):
             options["polling_interval"] = 0.05  # in-process: poll often, it costs nothing
-        if self.broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        if amqp:
             # Publisher confirms: a publish returns once RabbitMQ has taken the message, and
             # one it turns away (a full queue, say) raises. Without them the outbox would
             # mark a refused event sent, and the consumer ack a decision whose resume was
@@ -249,6 +294,23 @@ def check_store_url(url: str) -> None:
             f"store URL {redact_url(url)!r}: the store runs on SQLite or PostgreSQL, "
             f"not {backend}: {use}",
         )
+
+
+def one_shot_store_url(url: str, seconds: float) -> str:
+    """The store URL a command run by hand connects with: a PostgreSQL URL is given
+    libpq's `connect_timeout` of `seconds` (whole seconds, rounded up; at least 2, as
+    libpq counts it), so that a server that takes the connection and never answers ends
+    the command (psycopg would wait about two minutes, then the command tries again),
+    unless the URL gives its own. Other URLs are returned as they are (SQLite waits for
+    no server). For connecting only; the URL said in messages stays the one given."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql" or "connect_timeout" in parsed.query:
+        return url
+    whole = max(2, math.ceil(seconds))
+    bounded = parsed.update_query_dict({"connect_timeout": str(whole)})
+    return bounded.render_as_string(hide_password=False)
 
 
 def redact_url(url: str) -> str:

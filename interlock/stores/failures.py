@@ -59,15 +59,22 @@ def retry_store_failures(
     do: Callable[[], T],
     pauses: Sequence[float],
     on_retry: Callable[[Exception, float], None] | None = None,
+    *,
+    within: float | None = None,
 ) -> T:
     """`do()`, tried again after each of `pauses` (seconds) while it meets a store
     failure (`is_store_failure`; `on_retry(exc, pause)` first, to say so); the last
-    try's failure, and any other error, is raised. For work that is safe to do again."""
+    try's failure, and any other error, is raised. For work that is safe to do again.
+    `within`: no try starts once the tries so far took that many seconds (a server that
+    does not answer, given up on after a timeout, is not waited for again)."""
+    started = time.monotonic()
     for pause in pauses:
         try:
             return do()
         except Exception as exc:
             if not is_store_failure(exc):
+                raise
+            if within is not None and time.monotonic() - started >= within:
                 raise
             if on_retry is not None:
                 on_retry(exc, pause)

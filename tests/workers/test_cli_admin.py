@@ -632,9 +632,10 @@ def test_a_commands_store_read_waits_out_a_dropped_connection(pg_url: str, pg_ad
     from interlock import SqlSessionStore
     from tests.sql_helpers import terminate_backends
     from workers.cli.base import read_store, store_read
+    from workers.settings import DEFAULT_SERVER_TIMEOUT
 
     SqlSessionStore(pg_url).close()  # its tables, as a worker makes them
-    sql = read_store(pg_url)
+    sql = read_store(pg_url, DEFAULT_SERVER_TIMEOUT)
     try:
         assert sql.get_snapshot("warm") is None  # the pool holds a connection now
         terminate_backends(pg_admin, make_url(pg_url).database)
@@ -644,7 +645,7 @@ def test_a_commands_store_read_waits_out_a_dropped_connection(pg_url: str, pg_ad
             tries.append(1)
             return sql.get_snapshot("nothing-here")
 
-        assert store_read(read) is None
+        assert store_read(read, DEFAULT_SERVER_TIMEOUT) is None
         assert len(tries) == 2, "the first try met the dropped connection"
     finally:
         sql.dispose()

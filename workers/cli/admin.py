@@ -15,7 +15,7 @@ from kombu.connection import Connection
 from interlock import Status, StatusError
 from interlock.stores.failures import first_line as one_line
 
-from ..settings import redact_url
+from ..settings import one_shot_store_url, redact_url
 from .base import (
     Seconds,
     broker_option,
@@ -29,6 +29,7 @@ from .base import (
     no_tables,
     reach_store,
     read_store,
+    server_timeout,
     settings_of,
     shared_broker,
     shared_store,
@@ -108,7 +109,8 @@ def demo(
     if broker is not None:
         shared_broker(settings_of(broker=broker, store=store))
     if store is not None:  # the embedded worker's and consumer's: checked before anything runs
-        reach_store(shared_store(settings_of(store=store)).store_url)
+        settings = shared_store(settings_of(store=store))
+        reach_store(settings.store_url, settings.server_timeout)
     decide_fn = ask_human(True if approve else False if deny else None)
     if in_process:
         out = run_in_process(text, decide_fn, model=model)
@@ -152,7 +154,9 @@ def migrate(store: str | None) -> None:
 
     settings = shared_store(settings_of(store=store))
     check_sqlite_folder(settings.store_url)
-    sql = SqlSessionStore(settings.store_url, create_tables=False)
+    sql = SqlSessionStore(
+        one_shot_store_url(settings.store_url, settings.server_timeout), create_tables=False
+    )
     try:
         lacking = sql.lacking_columns(
             sql.metadata, outbox_metadata, decision_metadata, journal_metadata
@@ -212,8 +216,13 @@ def health(
     report: dict[str, Any] = {}
     try:
         shared_broker(settings)  # one in this process alone is no broker of the others'
-        with Connection(settings.broker_url, connect_timeout=5) as conn:
-            conn.ensure_connection(max_retries=1)
+        within = settings.server_timeout  # a broker that never answers: one try, given up
+        with Connection(
+            settings.broker_url,
+            connect_timeout=within,
+            transport_options=settings.transport_options,
+        ) as conn:
+            conn.ensure_connection(max_retries=1, timeout=within)
             declare(conn)  # as workers do: one the broker holds declared otherwise shows
         report["broker"] = "ok"
     except TopologyConflict as exc:
@@ -235,7 +244,8 @@ def health(
                     Status.NOT_FOUND, f"no store at {missing}, and {missing.parent} is not writable"
                 )
         else:
-            engine = make_engine(settings.store_url)  # the store's own URL options understood
+            # the store's own URL options understood; a server that never answers given up on
+            engine = make_engine(one_shot_store_url(settings.store_url, settings.server_timeout))
             try:
                 with engine.connect() as db:
                     db.execute(text("SELECT 1"))
@@ -388,7 +398,7 @@ def audit(session_id: str, store: str | None) -> None:
     from ..audit import session_history
 
     url = store_url_of(store)
-    sql = read_store(url)
+    sql = read_store(url, server_timeout())
     try:
         tables = store_tables(sql)
         empty = no_tables(tables, url)

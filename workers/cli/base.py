@@ -23,7 +23,7 @@ from interlock import InterlockError, Status, StatusError, status_of
 from interlock.stores.failures import first_line as one_line
 from interlock.stores.failures import is_schema_error
 
-from ..settings import Settings, redact_url
+from ..settings import Settings, one_shot_store_url, redact_url
 
 if TYPE_CHECKING:
     from kombu.connection import Connection
@@ -291,19 +291,21 @@ class _StoreInUse:
 _STORE_IN_USE = _StoreInUse()
 
 
-def store_read(read: Callable[[], T]) -> T:
+def store_read(read: Callable[[], T], within: float) -> T:
     """`read()`, a read of the store, tried again when the store fails (a connection the
-    server dropped mid-read, a restart): it changes nothing, so another try is safe.
-    The last failure is raised."""
+    server dropped mid-read, a restart): it changes nothing, so another try is safe. No
+    try starts once the tries so far took `within` seconds (the server timeout): a
+    server that does not answer is not waited for again. The last failure is raised."""
     from interlock.stores.failures import retry_store_failures
 
-    return retry_store_failures(read, READ_PAUSES)
+    return retry_store_failures(read, READ_PAUSES, within=within)
 
 
-def read_store(url: str) -> SqlSessionStore:
+def read_store(url: str, seconds: float) -> SqlSessionStore:
     """The store at `url`, for a command that only reads it (`pending`, `decide`,
     `audit`): it makes nothing, neither a file nor a table. A SQLite file that does not
-    exist is NOT_FOUND."""
+    exist is NOT_FOUND. A server that does not answer within `seconds` is UNAVAILABLE
+    (`one_shot_store_url`)."""
     from interlock import SqlSessionStore
 
     path = missing_sqlite_file(url)
@@ -312,7 +314,7 @@ def read_store(url: str) -> SqlSessionStore:
             Status.NOT_FOUND,
             f"no store at {path} ({redact_url(url)}): check --store or INTERLOCK_STORE_URL",
         )
-    return SqlSessionStore(url, create_tables=False)
+    return SqlSessionStore(one_shot_store_url(url, seconds), create_tables=False)
 
 
 def store_tables(sql: SqlSessionStore) -> set[str]:
@@ -332,13 +334,18 @@ def no_tables(tables: set[str], url: str) -> str | None:
     )
 
 
-def reach_broker(conn: Connection) -> None:
+def reach_broker(conn: Connection, within: float) -> None:
     """Connect `conn` with about two seconds of tries, as Celery's `send_task` does for
     `submit`: a command a person runs says at once that the broker cannot be reached
-    (UNAVAILABLE) rather than waiting through an outage in silence."""
+    (UNAVAILABLE) rather than waiting through an outage in silence. No try starts once
+    the tries so far took `within` seconds (the server timeout, which bounds each try
+    of a `one_shot` connection): a broker that takes the connection and never answers
+    is given up on after one try."""
     from events.publisher import RETRY_POLICY
 
-    conn.ensure_connection(**{**RETRY_POLICY, "max_retries": 3, "interval_max": 1.0})
+    conn.ensure_connection(
+        **{**RETRY_POLICY, "max_retries": 3, "interval_max": 1.0}, timeout=within
+    )
 
 
 def not_in(url: str, empty: str | None) -> str:
@@ -361,14 +368,16 @@ def check_sqlite_folder(url: str) -> None:
         )
 
 
-def reach_store(url: str) -> None:
+def reach_store(url: str, seconds: float | None = None) -> None:
     """Open the store at `url` once (making its tables if missing), before a command
     that serves from it starts: a store that cannot be reached or used (a file that is
-    no database) raises SQLAlchemy's error, which `clear_errors` says in one line."""
+    no database) raises SQLAlchemy's error, which `clear_errors` says in one line.
+    `seconds`: a server that does not answer within them is given up on
+    (`one_shot_store_url`); None waits as the long-running processes do."""
     from interlock import SqlSessionStore
 
     check_sqlite_folder(url)
-    SqlSessionStore(url).dispose()
+    SqlSessionStore(url if seconds is None else one_shot_store_url(url, seconds)).dispose()
 
 
 def missing_sqlite_file(url: str) -> Path | None:
@@ -424,10 +433,18 @@ def settings_of(
     broker: str | None = None,
     store: str | None = None,
     heartbeat_file: str | None = None,
+    *,
+    one_shot: bool = True,
 ) -> Settings:
-    """The settings of a command: the environment's, its flags (non-None) winning."""
+    """The settings of a command: the environment's, its flags (non-None) winning.
+    `one_shot`: a command run by hand, which gives up on a server that does not answer
+    (`Settings.one_shot`); the long-running ones pass False."""
     settings = Settings.from_env(
-        app=app, broker_url=broker, store_url=store, heartbeat_file=heartbeat_file
+        app=app,
+        broker_url=broker,
+        store_url=store,
+        heartbeat_file=heartbeat_file,
+        one_shot=one_shot,
     )
     _STORE_IN_USE.url = settings.store_url
     return settings
@@ -436,13 +453,22 @@ def settings_of(
 def store_url_of(store: str | None) -> str:
     """The store URL of a command that reads only the store (`pending`, `audit`): its
     flag, else `INTERLOCK_STORE_URL`, else the default; checked. The other variables
-    are not read, so a value there that this command does not use cannot stop it."""
+    are not read (but `INTERLOCK_SERVER_TIMEOUT`, by `server_timeout`), so a value there
+    that this command does not use cannot stop it."""
     from ..settings import DEFAULT_STORE, check_store_url
 
     url = store if store is not None else os.environ.get("INTERLOCK_STORE_URL") or DEFAULT_STORE
     check_store_url(url)
     _STORE_IN_USE.url = url
     return url
+
+
+def server_timeout() -> float:
+    """The server timeout of a command that reads only the store (`pending`, `audit`):
+    `INTERLOCK_SERVER_TIMEOUT`, checked, else the default (`Settings.server_timeout`)."""
+    from ..settings import server_timeout_from_env
+
+    return server_timeout_from_env()
 
 
 def shared_broker(settings: Settings) -> Settings:

@@ -46,10 +46,11 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
     from schemas import TurnInterrupted
 
     settings = shared_broker(settings_of(broker=broker, store=store))
-    sql = read_store(settings.store_url)
+    within = settings.server_timeout
+    sql = read_store(settings.store_url, within)
     try:
-        empty = store_read(lambda: no_tables(store_tables(sql), settings.store_url))
-        found = store_read(lambda: sql.get_snapshot(snapshot_id)) if empty is None else None
+        empty = store_read(lambda: no_tables(store_tables(sql), settings.store_url), within)
+        found = store_read(lambda: sql.get_snapshot(snapshot_id), within) if empty is None else None
         if found is None:
             raise StatusError(
                 Status.NOT_FOUND,
@@ -64,7 +65,7 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
         try:
             # The broker first: one that cannot be reached ends the command before the
             # token is replaced (nothing changed; run it again later).
-            reach_broker(relay.publisher.connection)
+            reach_broker(relay.publisher.connection, within)
             with sql.writer().begin() as conn:
                 if not sql.replace_token_hash_in(conn, snapshot_id, found.resume_token_hash):
                     raise StatusError(

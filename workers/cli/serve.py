@@ -147,7 +147,9 @@ def worker(
     from ..loader import load_registry
     from ..worker_report import REPORT_FD_ENV
 
-    settings = shared_store(shared_broker(settings_of(app, broker, store, heartbeat_file)))
+    settings = shared_store(
+        shared_broker(settings_of(app, broker, store, heartbeat_file, one_shot=False))
+    )
     load_registry(settings.app)  # fail here, clearly, rather than inside Celery
     _check_heartbeat(settings)
     if burst:  # a batch job: no broker or store, one line (UNAVAILABLE), turns kept queued
@@ -322,7 +324,9 @@ def resume_consumer(
     from ..maintenance import Maintenance
 
     logging.basicConfig(level=logging.INFO, format=_LOG_FORMAT)
-    settings = shared_store(shared_broker(settings_of(app, broker, store, heartbeat_file)))
+    settings = shared_store(
+        shared_broker(settings_of(app, broker, store, heartbeat_file, one_shot=False))
+    )
     celery_app = create_app(settings)
     consumer = ResumeConsumer(celery_app, heartbeat_file=settings.heartbeat_file)
     rt = consumer.rt

@@ -24,6 +24,7 @@ from .base import (
     not_in,
     reach_broker,
     read_store,
+    server_timeout,
     settings_of,
     shared_broker,
     signals_deferred,
@@ -149,7 +150,11 @@ def submit(
     try:
         given = [t.turn_id for t in turns if t.turn_id is not None]
         # Bound first, then read: a turn that ends after the read is announced to it.
-        ended = _ended_before(settings.store_url, given) if waiter is not None else None
+        ended = (
+            _ended_before(settings.store_url, given, settings.server_timeout)
+            if waiter is not None
+            else None
+        )
         sent = _send_turns(celery_app, agent_name, turns, batch=turn_file is not None)
         if waiter is not None and turn_file is None:
             waiter.turn_event(sent[0])
@@ -160,11 +165,12 @@ def submit(
             waiter.close()
 
 
-def _ended_before(url: str, turn_ids: list[str]) -> dict[str, TurnEnding] | None:
+def _ended_before(url: str, turn_ids: list[str], within: float) -> dict[str, TurnEnding] | None:
     """Which of `turn_ids` (the ids a file gives) ended before they are sent again, read
     from the store at `url`: those run once, so no event will announce them. None when
-    the store cannot say (not there yet, no tables, unreachable: said on stderr), so
-    the wait cannot tell them from turns still to end."""
+    the store cannot say (not there yet, no tables, unreachable: said on stderr; a
+    server that does not answer is given up on after `within` seconds), so the wait
+    cannot tell them from turns still to end."""
     from interlock.stores.sql_journal import ended_turns
 
     if not turn_ids:
@@ -174,16 +180,16 @@ def _ended_before(url: str, turn_ids: list[str]) -> dict[str, TurnEnding] | None
         _unsaid(f"no store at {missing}: check --store or INTERLOCK_STORE_URL")
         return None
     try:
-        sql = read_store(url)
+        sql = read_store(url, within)
     except Exception as exc:  # a URL the store's engine refuses
         _unread(url, exc)
         return None
     try:
-        empty = no_tables(store_read(lambda: store_tables(sql)), url)
+        empty = no_tables(store_read(lambda: store_tables(sql), within), url)
         if empty is not None:
             _unsaid(empty)
             return None
-        return store_read(lambda: ended_turns(sql, turn_ids))
+        return store_read(lambda: ended_turns(sql, turn_ids), within)
     except Exception as exc:
         _unread(url, exc)
         return None
@@ -305,14 +311,15 @@ def _cut_short(exc: BaseException, turns: list[FileTurn], sent: int) -> None:
 def pending(store: str | None, session_id: str | None, limit: int) -> None:
     """List the open interrupts, one JSON line each (newest first). When there are more
     than --limit, says so on stderr."""
-    from interlock import FinishReason, SnapshotStatus, SqlSessionStore
+    from interlock import FinishReason, SnapshotStatus
 
     url = store_url_of(store)
+    within = server_timeout()
     missing = missing_sqlite_file(url)
     if missing is not None:  # nothing has run on it: nothing waits (and none is made)
         click.echo(f"no open interrupts: no store at {missing} yet", err=True)
         return
-    sql = SqlSessionStore(url, create_tables=False)
+    sql = read_store(url, within)
     try:
         empty = no_tables(store_tables(sql), url)
         if empty is not None:
@@ -471,14 +478,14 @@ def decide(
         except ValueError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--respond") from None
     settings = shared_broker(settings_of(app, broker, store))
-    sql = read_store(settings.store_url)
+    sql = read_store(settings.store_url, settings.server_timeout)
 
     def read() -> tuple[str | None, Snapshot | None]:
         empty = no_tables(store_tables(sql), settings.store_url)
         return empty, sql.get_snapshot(snapshot_id) if empty is None else None
 
     try:
-        empty, snap = store_read(read)
+        empty, snap = store_read(read, settings.server_timeout)
     finally:
         sql.dispose()
     if snap is None:
@@ -585,7 +592,7 @@ def decide(
     )
     try:
         with settings.connection() as conn:
-            reach_broker(conn)
+            reach_broker(conn, settings.server_timeout)
             Publisher(conn, timeout=timeout).publish_decision(decision)
         emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
         if waiter is None:

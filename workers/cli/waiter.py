@@ -22,7 +22,7 @@ from ..settings import (
     Settings,
     redact_url,
 )
-from .base import PROGRESS_EVERY, Terminated, emit, error_line
+from .base import PROGRESS_EVERY, Terminated, emit, error_line, reach_broker
 
 if TYPE_CHECKING:
     from interlock.stores.sql_journal import TurnEnding
@@ -52,6 +52,13 @@ class Waiter:
         self.connection = settings.connection()
         self.name = f"interlock.cli.{uuid.uuid4().hex[:12]}"
         queue = event_queue(self.name, "#", durable=False, auto_delete=True)
+        try:
+            # As `decide` and `resend` reach it: a broker that never answers is given up
+            # on after one try (kombu's own connecting would try it twice, 2 s apart).
+            reach_broker(self.connection, settings.server_timeout)
+        except BaseException:
+            self.connection.release()
+            raise
         try:
             self.events = EventStream(self.connection, queue)
         except (KeyboardInterrupt, Terminated):  # it may be bound already
