@@ -229,9 +229,9 @@ def test_the_demo_gives_up_on_a_silent_broker(silent: SilentServer) -> None:
 
 
 def test_health_gives_up_on_a_silent_store(silent: SilentServer, redis_url: str) -> None:
-    store, _ = store_urls(silent)
+    store, shown = store_urls(silent)
     proc, took = timed("health", "--broker", redis_url, "--store", store)
-    said = "UNAVAILABLE: connection timeout expired"
+    said = f"UNAVAILABLE: connection timeout expired ({shown})"  # which store: named
     ended_unavailable(silent, proc, took, f"error: UNAVAILABLE: unhealthy: store error: {said}")
     assert proc.stdout.strip() == f'{{"broker": "ok", "store": "error: {said}"}}'
 
