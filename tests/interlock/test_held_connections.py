@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +24,6 @@ from tests.interlock.test_sqlite_writers import (
 )
 from tests.interlock.test_sqlite_writers import snapshot as completed
 from tests.services import eventually
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "store.db"
-
-
-@pytest.fixture
-def store(db: Path) -> Iterator[SqlSessionStore]:
-    sql = SqlSessionStore(f"sqlite:///{db}")
-    try:
-        yield sql
-    finally:
-        sql.close()
 
 
 class PoolCounts:

@@ -12,7 +12,7 @@ import signal
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from multiprocessing.synchronize import Event as ProcessEvent
 from pathlib import Path
 
@@ -30,20 +30,6 @@ from tests.sql_helpers import checked_at_commit
 WAIT = 20.0
 """Seconds a write may wait here before the test fails (below the 30 s after which a
 writer would go on without the lock)."""
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "store.db"
-
-
-@pytest.fixture
-def store(db: Path) -> Iterator[SqlSessionStore]:
-    sql = SqlSessionStore(f"sqlite:///{db}")
-    try:
-        yield sql
-    finally:
-        sql.close()
 
 
 def lock_is_free(db: Path) -> bool:
