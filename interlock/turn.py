@@ -234,7 +234,8 @@ class Turn:
         if self._unrecorded is not None:
             key, response = self._unrecorded
             self._unrecorded = None
-            self._record(key, response.to_json())
+            if self.journal is not None:  # no JSON made for a turn that keeps no journal
+                self._record(key, response.to_json())
 
     def _record(self, key: str, value: Any) -> None:
         if self.journal is not None:

@@ -2,7 +2,7 @@
 
 Layout: each message is stored once.
 
-- `interlock_snapshot`: one row per snapshot. `seq` (an autoincrement integer, the
+- `interlock_snapshot`: one row per snapshot. `seq` (an increasing integer, the
   surrogate primary key) orders snapshots by their first save, newest first;
   `snapshot_id` is the unique natural key every query uses.
 - `interlock_message`: `(snapshot_id, idx, body)`. A snapshot stores only the messages
@@ -120,7 +120,9 @@ class SnapshotRow(_Row, table=True):
     __table_args__: ClassVar[Any] = (
         Index("ix_interlock_snapshot_session_seq", "session_id", "seq"),
         Index("ix_interlock_snapshot_pending", "finish_reason", "status", "seq"),
-        {"sqlite_autoincrement": True},
+        # No SQLite AUTOINCREMENT: a new row's rowid is already above every row's there
+        # (snapshots are never deleted), and AUTOINCREMENT would write its counter, one
+        # more page, at every save. Tables made before keep it; both work alike.
     )
 
     seq: int | None = Field(

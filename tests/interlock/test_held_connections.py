@@ -1,13 +1,16 @@
-"""A SQLite file store keeps each thread's connection checked out between its own
-transactions (`interlock.stores.held`): no pool round trip per transaction, the write
-lock still released after each write, at most `pool_size` threads holding one, and
-every connection back in the pool when its thread ends or the store closes."""
+"""What a SQLite file store's transactions cost it. Each thread keeps its connection
+checked out between the store's own transactions (`interlock.stores.held`): no pool
+round trip per transaction, the write lock still released after each write, at most
+`pool_size` threads holding one, and every connection back in the pool when its thread
+ends or the store closes. A save writes no AUTOINCREMENT counter."""
 
 from __future__ import annotations
 
 import gc
 import os
+import sqlite3
 import threading
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +214,36 @@ def test_a_forked_child_uses_connections_of_its_own(store: SqlSessionStore) -> N
     session(store, "parent-again", 2)
     ids = {s.snapshot_id for s in store.list_snapshots(limit=10)}
     assert ids == {"parent-0", "child-0", "child-1", "parent-again-0", "parent-again-1"}
+
+
+def test_a_save_writes_no_autoincrement_counter_and_older_tables_still_work(
+    tmp_path: Path,
+) -> None:
+    """New tables keep the first-save order without SQLite's AUTOINCREMENT (which writes
+    a counter page at every insert); a table made with it, as before, works the same."""
+    new = tmp_path / "new.db"
+    with SqlSessionStore(f"sqlite:///{new}") as store:
+        session(store, "s", 3)
+        assert [s.snapshot_id for s in store.list_snapshots(limit=10)] == ["s-2", "s-1", "s-0"]
+    with closing(sqlite3.connect(new)) as raw:
+        ddl = raw.execute(TABLE_SQL).fetchone()[0]
+        assert "AUTOINCREMENT" not in ddl
+        assert "PRIMARY KEY (seq)" in ddl  # seq is the rowid
+        assert raw.execute(SEQUENCE_TABLES).fetchone() == (0,)
+
+    old = tmp_path / "old.db"
+    earlier = ddl.replace(
+        "seq INTEGER NOT NULL, ", "seq INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT, "
+    ).replace("\tCONSTRAINT pk_interlock_snapshot PRIMARY KEY (seq), \n", "")
+    assert earlier.count("AUTOINCREMENT") == 1 and "PRIMARY KEY (seq)" not in earlier
+    with closing(sqlite3.connect(old)) as raw:  # the table as earlier releases made it
+        raw.execute(earlier)
+    with SqlSessionStore(f"sqlite:///{old}") as store:
+        session(store, "s", 3)
+        assert [s.snapshot_id for s in store.list_snapshots(limit=10)] == ["s-2", "s-1", "s-0"]
+    with closing(sqlite3.connect(old)) as raw:
+        assert raw.execute("SELECT seq FROM sqlite_sequence").fetchone() == (3,)
+
+
+TABLE_SQL = "SELECT sql FROM sqlite_master WHERE name = 'interlock_snapshot'"
+SEQUENCE_TABLES = "SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'"
