@@ -34,6 +34,30 @@ __all__ = ["HeldConnections"]
 _INHERITED: list[Connection] = []
 
 
+class _Slot:
+    """A thread's held connection. When the thread-local lets go of it (the thread
+    ended, or the connection is replaced) the connection goes back to the pool, in the
+    process that checked it out; in a forked child, whose start lets go of the parent's
+    other threads' slots, it is kept untouched instead (giving it back there could wait
+    for a pool lock a parent thread held at the fork, and would hand the parent's
+    connection to the child's pool)."""
+
+    __slots__ = ("__weakref__", "conn", "options", "pid")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.pid = os.getpid()
+        self.options: tuple[bool, bool] | None = None
+        weakref.finalize(self, _give_back, conn, self.pid).atexit = False
+
+
+def _give_back(conn: Connection, pid: int) -> None:
+    if os.getpid() != pid:
+        _INHERITED.append(conn)
+    else:
+        conn.close()
+
+
 class HeldConnections:
     """Per thread, one `Connection` of `engine` that stays checked out between
     transactions, for up to `limit` threads at once."""
@@ -42,7 +66,7 @@ class HeldConnections:
         self.engine = engine
         self.limit = limit
         self._local = threading.local()
-        self._open: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._open: weakref.WeakSet[_Slot] = weakref.WeakSet()
         self._lock = threading.Lock()
         _ALL.add(self)
 
@@ -53,15 +77,15 @@ class HeldConnections:
         error), on this thread's connection; on a connection of `engine` (the store's
         engine with those options) when this thread holds none (past `limit`) or its
         connection is in a transaction already."""
-        conn = self._connection()
-        if conn is None or conn.in_transaction():
+        slot = self._slot()
+        if slot is None or slot.conn.in_transaction():
             with engine.begin() as own:
                 yield own
             return
-        local: Any = self._local
-        if local.options != (write, relaxed):  # set only when they change: not free
+        conn = slot.conn
+        if slot.options != (write, relaxed):  # set only when they change: not free
             conn.execution_options(interlock_write=write, interlock_relaxed=relaxed)
-            local.options = (write, relaxed)
+            slot.options = (write, relaxed)
         try:
             with conn.begin():
                 yield conn
@@ -69,33 +93,30 @@ class HeldConnections:
             if write:
                 end_write(conn)  # no return to the pool to release the write lock
 
-    def _connection(self) -> Connection | None:
+    def _slot(self) -> _Slot | None:
         local: Any = self._local
-        conn: Connection | None = getattr(local, "conn", None)
-        pid = os.getpid()
-        if conn is not None and local.pid != pid:
-            _INHERITED.append(conn)  # a forked child's copy of the parent's connection
-            conn = local.conn = None
-        if conn is not None and (conn.closed or conn.invalidated):
-            conn.close()
-            conn = local.conn = None
-        if conn is None:
+        slot: _Slot | None = getattr(local, "slot", None)
+        if slot is not None and (
+            slot.pid != os.getpid() or slot.conn.closed or slot.conn.invalidated
+        ):
+            slot = local.slot = None  # given back (or, in a forked child, kept) as it goes
+        if slot is None:
             with self._lock:
                 if len(self._open) >= self.limit:
                     return None
-                conn = self.engine.connect()
-                self._open.add(conn)
-            local.conn, local.pid, local.options = conn, pid, None
-        return conn
+                slot = _Slot(self.engine.connect())
+                self._open.add(slot)
+            local.slot = slot
+        return slot
 
     def close(self) -> None:
         """Return every thread's connection to the pool (none may be in a transaction);
         a thread that uses the store again checks out a new one."""
         with self._lock:
-            conns = list(self._open)
+            slots = list(self._open)
             self._open.clear()
-        for conn in conns:
-            conn.close()
+        for slot in slots:
+            slot.conn.close()
 
 
 _ALL: weakref.WeakSet[HeldConnections] = weakref.WeakSet()

@@ -189,11 +189,13 @@ def test_an_invalidated_connection_is_replaced(store: SqlSessionStore) -> None:
     session(store, "a", 1)
     held = store._held
     assert held is not None
-    conn = held._connection()
-    assert conn is not None
+    slot = held._slot()
+    assert slot is not None
+    conn = slot.conn
     conn.invalidate()
     session(store, "b", 1)
-    assert held._connection() is not conn
+    again = held._slot()
+    assert again is not None and again.conn is not conn
     assert counts.checked_out() == 1
 
 
@@ -247,3 +249,46 @@ def test_a_save_writes_no_autoincrement_counter_and_older_tables_still_work(
 
 TABLE_SQL = "SELECT sql FROM sqlite_master WHERE name = 'interlock_snapshot'"
 SEQUENCE_TABLES = "SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_sequence'"
+
+
+def test_a_child_forked_while_other_threads_hold_connections_gives_none_back(
+    store: SqlSessionStore,
+) -> None:
+    """The child's start lets go of the parent's other threads' thread-locals: their
+    held connections must stay untouched there, not go back to the child's copy of the
+    pool (whose lock a parent thread may have held at the fork)."""
+    counts = PoolCounts(store)
+    held_now = threading.Barrier(4)
+    done = threading.Event()
+
+    def hold(n: int) -> None:
+        session(store, f"t{n}", 1)
+        held_now.wait(WAIT)
+        done.wait(WAIT)
+
+    threads = [threading.Thread(target=hold, args=(n,), daemon=True) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    held_now.wait(WAIT)
+    try:
+        assert counts.checked_out() == 3
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                gc.collect()
+                os.write(write, f"{counts.checkins} {counts.checked_out()}".encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        assert child_exit_code(pid, "the child's start") == 0
+        with os.fdopen(read) as said:
+            assert said.read() == "0 3", "the child gave none of them back"
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(WAIT)
+    gc.collect()
+    eventually(lambda: counts.checked_out() == 0, "the ended threads' connections back", WAIT)
