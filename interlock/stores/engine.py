@@ -302,7 +302,8 @@ class _WriteLock:
     waiting on the flock wakes as soon as it is released (a blocking `flock`, made by a
     helper thread so that the wait can end at a deadline). The lock is taken when a write
     transaction begins, and released when its connection goes back to the pool (right
-    after its COMMIT or ROLLBACK), begins a read, is invalidated or closed: never later
+    after its COMMIT or ROLLBACK; `end_write`, for a connection held between
+    transactions), begins a read, is invalidated or closed: never later
     than SQLite's own lock. A thread that cannot get the lock within the busy timeout
     goes on without it, as do programs that do not know it: SQLite's locking stays the
     authority, this only orders the waiting. One object per file and process, shared by

@@ -471,9 +471,9 @@ class SqlSessionStore:
         From then on every transaction of the store checks its connection out of the
         pool and returns it, as a hook may count on (the outbox hands what it wrote to
         its relay when the connection goes back)."""
-        if self._held is not None:
-            self._held.close()
-            self._held = None
+        held, self._held = self._held, None
+        if held is not None:
+            held.disable()  # a thread that already took `held` falls back to the pool
         self._save_hooks.append(hook)
 
     def save_snapshot(self, snapshot: Snapshot) -> None:

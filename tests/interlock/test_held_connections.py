@@ -83,6 +83,17 @@ def test_a_thread_keeps_one_connection_across_the_store_transactions(
     assert counts.checked_out() == 1
 
 
+def another_store_writes(store: SqlSessionStore, db: Path) -> None:
+    """A store of its own on the same file (as another process's would) saves without
+    waiting for a lock `store` still holds, and `store` reads what it saved."""
+    other = SqlSessionStore(f"sqlite:///{db}")
+    try:
+        assert finishes(lambda: other.save_snapshot(snapshot("t", 0, None)))
+    finally:
+        other.close()
+    assert store.get_snapshot("t-0") is not None
+
+
 def test_every_write_lets_the_next_writer_in(store: SqlSessionStore, db: Path) -> None:
     """The connection stays checked out, so the lock is released when the write ends,
     not when the connection goes back to the pool."""
@@ -93,12 +104,7 @@ def test_every_write_lets_the_next_writer_in(store: SqlSessionStore, db: Path) -
     with pytest.raises(ValueError, match="is not a valid SnapshotStatus"):
         store.save_snapshot(snapshot("s", 1, "s-0").model_copy(update={"status": "bogus"}))
     assert lock_is_free(db), "released after a failed write too"
-    other = SqlSessionStore(f"sqlite:///{db}")  # as another process's store would
-    try:
-        assert finishes(lambda: other.save_snapshot(snapshot("t", 0, None)))
-    finally:
-        other.close()
-    assert store.get_snapshot("t-0") is not None
+    another_store_writes(store, db)
 
 
 def test_at_most_pool_size_threads_hold_a_connection(store: SqlSessionStore) -> None:
@@ -189,13 +195,11 @@ def test_an_invalidated_connection_is_replaced(store: SqlSessionStore) -> None:
     session(store, "a", 1)
     held = store._held
     assert held is not None
-    slot = held._slot()
-    assert slot is not None
-    conn = slot.conn
+    conn = held._connection()
+    assert conn is not None
     conn.invalidate()
     session(store, "b", 1)
-    again = held._slot()
-    assert again is not None and again.conn is not conn
+    assert held._connection() is not conn
     assert counts.checked_out() == 1
 
 
@@ -292,3 +296,44 @@ def test_a_child_forked_while_other_threads_hold_connections_gives_none_back(
             thread.join(WAIT)
     gc.collect()
     eventually(lambda: counts.checked_out() == 0, "the ended threads' connections back", WAIT)
+
+
+def test_close_leaves_a_connection_in_use_to_its_thread(store: SqlSessionStore) -> None:
+    """close() (or add_save_hook) from another thread while a thread is inside one of
+    the store's transactions: that transaction goes on and commits on its connection,
+    which its thread gives back as the transaction ends."""
+    inside, closed = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with store._write() as conn:
+                assert store.claim_in(conn, "s-0", "inner") is False  # not saved yet
+                inside.set()
+                assert closed.wait(WAIT)
+                conn.exec_driver_sql("SELECT 1")  # its connection is still its own
+            store.save_snapshot(snapshot("s", 0, None))  # a new connection
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    assert inside.wait(WAIT)
+    store.close()
+    closed.set()
+    thread.join(WAIT)
+    assert errors == []
+    assert store.get_snapshot("s-0") is not None
+
+
+def test_a_commit_that_fails_leaves_no_transaction_open(store: SqlSessionStore, db: Path) -> None:
+    """SQLite keeps a transaction open when its COMMIT fails (a deferred constraint);
+    SQLAlchemy leaves the rollback to the pool's reset, which a held connection skips."""
+    with store._write() as conn:
+        conn.exec_driver_sql("CREATE TABLE p (id INTEGER PRIMARY KEY)")
+        conn.exec_driver_sql(
+            "CREATE TABLE c (pid INTEGER REFERENCES p(id) DEFERRABLE INITIALLY DEFERRED)"
+        )
+    with pytest.raises(Exception, match="FOREIGN KEY"), store._write() as conn:
+        conn.exec_driver_sql("INSERT INTO c VALUES (42)")
+    another_store_writes(store, db)
