@@ -376,6 +376,17 @@ class SqlSessionStore:
         if self._owns_engine:
             self.engine.dispose()
 
+    dispose = close
+
+    def __enter__(self) -> SqlSessionStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SqlSessionStore({self.engine.url.render_as_string(hide_password=True)!r})"
+
     def _write(self) -> AbstractContextManager[Connection]:
         """One of the store's own write transactions."""
         if self._held is not None:
@@ -387,17 +398,6 @@ class SqlSessionStore:
         if self._held is not None:
             return self._held.begin(self._reader, write=False)
         return self._reader.begin()
-
-    dispose = close
-
-    def __enter__(self) -> SqlSessionStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"SqlSessionStore({self.engine.url.render_as_string(hide_password=True)!r})"
 
     # ------------------------------------------------------------------- reads
 
