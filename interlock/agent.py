@@ -477,9 +477,11 @@ class Agent:
         return store.latest_snapshot_id(snap.session_id) == snap.snapshot_id
 
     def _check_not_paused(self, base: _Base) -> None:
+        """Refuse a new message the session cannot take now (§4, rules 6 and 8): a
+        `ResumeValidationError`, as the resume rules' refusals are; nothing is written."""
         snap = base.snapshot
         if snap is not None and snap.status != SnapshotStatus.COMPLETED:
-            raise StatusError(
+            raise ResumeValidationError(
                 Status.FAILED_PRECONDITION,
                 f"snapshot {snap.snapshot_id} is {snap.status.value} and cannot be continued; "
                 "it is kept for inspection",
@@ -500,12 +502,12 @@ class Agent:
         if snap.resumed_by is not None and not base.from_state:
             latest = self.store.get_latest_snapshot(snap.session_id) if self.store else None
             if latest is not None and latest.snapshot_id != snap.snapshot_id:
-                raise StatusError(  # addressed by snapshot_id=, after its resume went on
+                raise ResumeValidationError(  # addressed by snapshot_id=, after its resume went on
                     Status.FAILED_PRECONDITION,
                     f"snapshot {snap.snapshot_id} was already resumed: continue the session "
                     f"from its latest snapshot (session_id={snap.session_id})",
                 )
-            raise StatusError(
+            raise ResumeValidationError(
                 Status.FAILED_PRECONDITION,
                 f"session {base.session_id} is being resumed (snapshot {snap.snapshot_id}): "
                 "send the next message once that turn has ended",
@@ -515,7 +517,7 @@ class Agent:
             for p in pending_interrupts(snap.messages)
             if p.tool_request is not None
         )
-        raise StatusError(
+        raise ResumeValidationError(
             Status.FAILED_PRECONDITION,
             f"session {base.session_id} is paused: answer the pending interrupts first ({waiting})",
         )

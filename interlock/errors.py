@@ -107,7 +107,9 @@ class ToolFailedError(StatusError):
 
 
 class ResumeValidationError(StatusError):
-    """A resume that does not match the paused turn. Nothing ran, nothing was written."""
+    """A resume that does not match the paused turn, or a new message the session
+    cannot take now (it is paused, being resumed, or its snapshot cannot be continued).
+    Nothing ran, nothing was written."""
 
     default_status = Status.INVALID_ARGUMENT
 

@@ -125,6 +125,11 @@ def plan_resume(
     known = _known_refs(messages)
     latest = next((m for m in reversed(messages) if m.role == "model"), None)
     ran = _known_refs([latest]) - set(pending) if latest is not None else set()
+    answered = {  # answered in a resume whose turn paused again: kept, no longer pending
+        p.tool_request.ref
+        for p in (latest.content if latest is not None else ())
+        if p.tool_request is not None and p.meta("resolvedInterrupt") is not None
+    }
 
     def match(kind: str, part: Part, name: str, ref: str | None) -> Part:
         if ref is not None and ref in pending:
@@ -136,6 +141,11 @@ def plan_resume(
                     f"is for {original.tool_request.name!r}"
                 )
             return original
+        if ref is not None and ref in answered:
+            raise _invalid(
+                f"{kind} for tool {name!r} ref {ref} was answered already, in the resume "
+                "this pause came from (its answer is kept): it is no longer pending"
+            )
         if ref is not None and ref in ran:
             raise _invalid(
                 f"{kind} for tool {name!r} ref {ref} is a call of the latest model message "

@@ -223,6 +223,66 @@ def test_ref_of_a_call_that_completed_beside_the_interrupt() -> None:
     assert final.text == "done"
 
 
+def test_ref_answered_in_the_resume_that_paused_again() -> None:
+    """Two interrupts: one answered by respond, the other restarted and pausing again.
+    The answered one is no longer pending, and the message says it was answered (not
+    that it completed without pausing); the new pause is then answered alone."""
+    ai = Interlock()
+
+    @ai.interruptible_tool(name="ask", description="d")
+    def ask(inp: dict[str, Any], res: dict[str, Any] | None) -> dict[str, Any]:
+        if res is None:
+            interrupt({"q": 1})
+        return res or {}
+
+    @ai.interruptible_tool(name="twice", description="d")
+    def twice(inp: dict[str, Any], res: dict[str, Any] | None) -> dict[str, Any]:
+        if res is None or res.get("step") == 1:
+            interrupt({"step": 1 if res is None else 2})
+        return res or {}
+
+    def model(request: ModelRequest) -> Message:
+        if request.messages[-1].role == "user":
+            return scripted.reply(
+                scripted.tool_call("ask", {}, ref="a"), scripted.tool_call("twice", {}, ref="b")
+            )
+        return summarize(request)
+
+    scripted.define(ai, "m2", model)
+    agent = ai.define_agent(
+        "a2", model="scripted/m2", tools=[ask, twice], store=InMemorySessionStore()
+    )
+    out = agent.run_text("go")
+    first, second = out.interrupts
+    again = agent.run(
+        ToolResume(
+            respond=[ask.respond(first, {"ok": 1})], restart=[twice.resume(second, {"step": 1})]
+        ),
+        session_id=out.session_id,
+    )
+    assert again.finish_reason is FinishReason.INTERRUPTED
+    [repaused] = again.interrupts
+    count = len(agent.store.list_snapshots()) if agent.store is not None else 0
+    error = rejects(
+        Status.INVALID_ARGUMENT,
+        "respond for tool 'ask' ref a was answered already, in the resume this pause came "
+        "from (its answer is kept): it is no longer pending",
+        agent.run,
+        ToolResume(
+            respond=[ask.respond(first, {"ok": 2})], restart=[twice.resume(repaused, {"step": 2})]
+        ),
+        session_id=out.session_id,
+        error=ResumeValidationError,
+    )
+    assert "completed without pausing" not in error.message
+    assert agent.store is not None and len(agent.store.list_snapshots()) == count
+    final = agent.run(
+        ToolResume(restart=[twice.resume(repaused, {"step": 2})]), session_id=out.session_id
+    )
+    assert final.finish_reason is FinishReason.STOP
+    assert final.text == 'results: [{"ok": 1}, {"step": 2}]'
+
+
 def test_stale_ref_after_repause() -> None:
     out = bankingAgent.run_text("Transfer $1 to a then $2 to b")
     old = out.interrupts[0]
@@ -608,6 +668,7 @@ def test_only_completed_snapshots_resume(status: SnapshotStatus, as_text: bool) 
         rig.agent.run_text,
         "start over",
         snapshot_id="by-hand",
+        error=ResumeValidationError,
     )
     assert rig.runs == [None]
     assert rig.snapshot_count() == count
@@ -901,6 +962,8 @@ def test_new_message_while_paused_names_the_pending_interrupts() -> None:
         session_id=out.session_id,
     )
     assert cast(str, out.session_id) in err.message
+    # Refused by the resume rules (rule 7: a ResumeValidationError), still a StatusError.
+    assert isinstance(err, ResumeValidationError)
     assert rig.snapshot_count() == count
     rejects(
         Status.FAILED_PRECONDITION,
@@ -1081,6 +1144,7 @@ def test_new_message_while_a_resume_is_under_way_is_refused() -> None:
         rig.agent.run_text,
         "something else",
         session_id=out.session_id,
+        error=ResumeValidationError,
     )
     assert out.snapshot_id in err.message
     assert rig.snapshot_count() == before
@@ -1105,6 +1169,7 @@ def test_new_message_on_a_pause_answered_since_names_where_to_go_on() -> None:
         rig.agent.run_text,
         "something else",
         snapshot_id=out.snapshot_id,
+        error=ResumeValidationError,
     )
     assert rig.snapshot_count() == before
     again = rig.agent.run_text("something else", session_id=out.session_id)  # goes on
