@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from kombu.connection import Connection
 
@@ -313,11 +314,46 @@ def one_shot_store_url(url: str, seconds: float) -> str:
     return bounded.render_as_string(hide_password=False)
 
 
+_SECRET_PARAMETER = re.compile(r"(password|passwd|secret|token)$", re.IGNORECASE)
+"""The names of the query parameters whose value is a secret: libpq's `password` and
+`sslpassword` (psycopg takes both in the query string), redis-py's `password`, ..."""
+
+
 def redact_url(url: str) -> str:
-    """`url` with its password hidden (`redis://:***@host`), for messages and output."""
+    """`url` with its secrets hidden, for messages and output: the password of its user
+    (`redis://:***@host`) and the value of a query parameter that holds one
+    (`?password=***`, `?sslpassword=***`; `_SECRET_PARAMETER`); the rest as given. Each
+    URL of a failover list (`URL;URL`) alike."""
+    parts = url.split(";")
+    if len(parts) > 1 and all("://" in part for part in parts):
+        return ";".join(redact_url(part) for part in parts)
     head, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
+    if not sep:
         return url
-    auth, _, host = rest.rpartition("@")
-    user = auth.partition(":")[0]
-    return f"{head}://{user}:***@{host}" if ":" in auth else url
+    # The user's part ends at the last "@" before the query (a password may hold "@"; a
+    # query's value may too); the query begins at the first "?" after it.
+    at = rest.rfind("@", 0, _query_start(rest, 0))
+    query = _query_start(rest, at + 1)
+    where, sep, params = rest[:query], rest[query : query + 1], rest[query + 1 :]
+    if at >= 0:
+        auth, host = where[:at], where[at + 1 :]
+        user, colon, _ = auth.partition(":")
+        where = f"{user}:***@{host}" if colon else where
+    hidden = "&".join(_hide_secret(param) for param in params.split("&"))
+    return f"{head}://{where}{sep}{hidden}"
+
+
+def _query_start(rest: str, start: int) -> int:
+    """Where the query of the URL part `rest` starts (its "?"), looking from `start`; the
+    end of `rest` when it has none."""
+    found = rest.find("?", start)
+    return len(rest) if found < 0 else found
+
+
+def _hide_secret(param: str) -> str:
+    """A query parameter (`name=value`), its value hidden when the name says it is a
+    secret."""
+    name, equals, _ = param.partition("=")
+    if equals and _SECRET_PARAMETER.search(unquote(name)):
+        return f"{name}=***"
+    return param

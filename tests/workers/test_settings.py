@@ -104,6 +104,22 @@ def test_a_busy_turn_is_looked_at_again_within_the_visibility_timeout() -> None:
             "postgresql+psycopg://u:***@h/db?sslmode=require",
         ),
         ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+        # libpq and psycopg take a password in the query string too
+        ("postgresql://u@h/db?password=secret", "postgresql://u@h/db?password=***"),
+        (
+            "postgresql+psycopg://u@h/db?sslmode=verify-full&sslpassword=x&connect_timeout=3",
+            "postgresql+psycopg://u@h/db?sslmode=verify-full&sslpassword=***&connect_timeout=3",
+        ),
+        (
+            "postgresql://u:pw@h/db?application_name=me@there&PASSWORD=s",
+            "postgresql://u:***@h/db?application_name=me@there&PASSWORD=***",
+        ),
+        ("redis://h:6379/0?password=pw", "redis://h:6379/0?password=***"),
+        (
+            "redis://:a@h1:6379/0;redis://:b@h2:6379/0",
+            "redis://:***@h1:6379/0;redis://:***@h2:6379/0",
+        ),
+        ("sqlite:///x.db?mode=ro", "sqlite:///x.db?mode=ro"),
         ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
         ("not a url", "not a url"),
     ],
@@ -146,6 +162,26 @@ def test_broker_urls_with_a_bad_port_or_database_are_refused(url: str, reason: s
         check_broker_url(url)
     assert info.value.status is Status.INVALID_ARGUMENT
     assert reason in info.value.message, info.value.message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres://u@h/db?password=hunter2",  # the short scheme: refused, the URL shown
+        "postgresql+psycopg2://u@h/db?sslmode=require&sslpassword=hunter2",
+        "mysql://u@h/db?password=hunter2",
+        "redis://h:6379/abc?password=hunter2",
+    ],
+)
+def test_a_refused_url_is_shown_without_a_password_in_its_query(url: str) -> None:
+    from interlock import StatusError
+    from workers.settings import check_broker_url, check_store_url
+
+    check = check_broker_url if url.startswith("redis") else check_store_url
+    with pytest.raises(StatusError) as info:
+        check(url)
+    assert "hunter2" not in info.value.message, info.value.message
+    assert "password=***" in info.value.message, info.value.message
 
 
 def test_only_the_resume_consumer_asks_for_its_held_messages_to_come_back_early() -> None:

@@ -490,7 +490,7 @@ def shared_store(settings: Settings) -> Settings:
     if in_memory_sqlite(settings.store_url):
         raise StatusError(
             Status.INVALID_ARGUMENT,
-            f"the store {settings.store_url} is a SQLite database in memory: it lives "
+            f"the store {redact_url(settings.store_url)} is a SQLite database in memory: it lives "
             "inside one process, and no other process (the worker's, the resume "
             "consumer) sees it; give a file (sqlite:///interlock.db) or a PostgreSQL URL",
         )
