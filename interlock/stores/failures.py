@@ -65,6 +65,8 @@ def retry_store_failures(
     """`do()`, tried again after each of `pauses` (seconds) while it meets a store
     failure (`is_store_failure`; `on_retry(exc, pause)` first, to say so); the last
     try's failure, and any other error, is raised. For work that is safe to do again.
+    A table or a column the database lacks (`is_schema_error`) is raised at once: it
+    lasts until someone makes the store's tables right, and no wait ends it.
     `within`: no try starts once the tries so far took that many seconds (a server that
     does not answer, given up on after a timeout, is not waited for again)."""
     started = time.monotonic()
@@ -72,7 +74,7 @@ def retry_store_failures(
         try:
             return do()
         except Exception as exc:
-            if not is_store_failure(exc):
+            if not is_store_failure(exc) or is_schema_error(exc):
                 raise
             if within is not None and time.monotonic() - started >= within:
                 raise

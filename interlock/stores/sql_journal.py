@@ -59,7 +59,7 @@ from sqlalchemy.sql.dml import Insert
 from schemas import Snapshot, Status, utcnow
 
 from ..errors import StatusError
-from .failures import first_line, retry_store_failures
+from .failures import first_line, is_schema_error, retry_store_failures
 from .fast import FastStatement
 from .sql import SqlSessionStore, _from_db
 
@@ -85,7 +85,8 @@ RECORD_PAUSES = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 all): a dropped connection, a server restart or a failover, waited out rather than the
 turn retried and its tool run again. Waiting is safe: the write goes in only while this
 run still holds the turn's lease (`LeaseLost`). Not longer, so that a worker told to
-stop meanwhile stops within a container's usual grace."""
+stop meanwhile stops within a container's usual grace. A table or a column the database
+lacks (`is_schema_error`) is not waited for: it lasts."""
 
 
 class LeaseLost(StatusError):
@@ -485,8 +486,20 @@ class SqlTurnJournal:
 
         # What was just done (a tool's side effect) is only safe from a second run once
         # it is written: a dropped connection or a restarting server is waited out here,
-        # where failing would run the call again.
-        retry_store_failures(write, RECORD_PAUSES, said)
+        # where failing would run the call again. A table or a column the database lacks
+        # is not: no wait mends it, and the run fails at once, saying so.
+        try:
+            retry_store_failures(write, RECORD_PAUSES, said)
+        except Exception as exc:
+            if is_schema_error(exc):
+                _log.error(
+                    "journaling %s of turn %s failed (%s): the store lacks a table or a "
+                    "column the journal needs, which no wait mends, so it is not tried "
+                    "again; `interlock migrate` makes the tables missing and names those "
+                    "that lack columns",
+                    key, turn_id, first_line(exc),
+                )  # fmt: skip
+            raise
 
     def ended_in(self, conn: Connection, turn_id: str) -> bool:
         """Whether `turn_id` has ended (a snapshot carries it, or a refusal ended it), read

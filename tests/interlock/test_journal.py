@@ -679,3 +679,42 @@ def test_ended_turns_says_how_each_of_many_turns_ended(sql_journal: SqlTurnJourn
     assert found["refused"] == TurnEnding(None, "refused", None, refusal)
     assert found["t-800"] == TurnEnding("snap-t-800", "completed", None, None)
     assert ended_turns(store, []) == {}
+
+
+@pytest.mark.parametrize("lacking", ["table", "column"])
+def test_a_journal_write_to_a_table_that_is_not_there_fails_at_once(
+    lacking: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal table dropped since, or made by another program without a column the
+    journal needs: no wait mends that. The write fails at once with the database's
+    error, and an ERROR line says why it was not tried again, where it used to be tried
+    again for about 30 s (a WARNING line each try)."""
+    import logging
+
+    from sqlalchemy import text
+
+    from interlock.stores.failures import is_schema_error
+
+    store = SqlSessionStore(f"sqlite:///{tmp_path}/store.db")
+    try:
+        if lacking == "column":  # theirs, made before the journal looked: kept as it is
+            with store.engine.begin() as conn:
+                conn.execute(text("CREATE TABLE interlock_journal (turn_id TEXT, key TEXT)"))
+        journal = SqlTurnJournal(store)
+        if lacking == "table":
+            with store.engine.begin() as conn:
+                conn.execute(text("DROP TABLE interlock_journal"))
+        with (
+            caplog.at_level(logging.WARNING, logger="interlock.journal"),
+            pytest.raises(OperationalError) as info,
+        ):
+            journal.record("s-gone", "t-gone", "tool:ref-1", {"output": 42})
+    finally:
+        store.dispose()
+    assert is_schema_error(info.value), info.value
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "interlock.journal"]
+    assert len(said) == 1, f"tried once, no wait: {said}"
+    level, line = said[0]
+    assert level == "ERROR", said
+    assert line.startswith("journaling tool:ref-1 of turn t-gone failed ("), line
+    assert "no wait mends, so it is not tried again; `interlock migrate`" in line, line

@@ -28,6 +28,28 @@ TABLES = [
 ]
 
 
+THEIR_SNAPSHOTS = "CREATE TABLE interlock_snapshot (snapshot_id TEXT, x INTEGER)"
+"""A table of another program's under an Interlock name, lacking Interlock's columns."""
+
+
+def database_of(backend: str, tmp_path: Path, request: pytest.FixtureRequest, *tables: str) -> str:
+    """The URL of a database of `backend` (a SQLite file, or a fresh PostgreSQL database)
+    holding `tables` (CREATE TABLE statements), as another program made them."""
+    url = (
+        f"sqlite:///{tmp_path / 'theirs.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for table in tables:
+                conn.execute(text(table))
+    finally:
+        engine.dispose()
+    return url
+
+
 def test_migrate_creates_every_table_up_front(tmp_path: Path, pg_url: str) -> None:
     for url in (f"sqlite:///{tmp_path}/m.db?synchronous=normal", pg_url):
         result = run_cli("migrate", "--store", url, timeout=60)
@@ -511,15 +533,7 @@ def test_the_commands_that_read_the_store_make_no_table_in_a_database_without_on
     """`pending`, `audit` and `decide` pointed at a database that holds no Interlock
     tables (the wrong one, or one nothing has run on yet) say so, and leave it as it
     was: they used to create the store's tables in it."""
-    url = (
-        f"sqlite:///{tmp_path / 'empty.db'}"
-        if backend == "sqlite"
-        else request.getfixturevalue("pg_url")
-    )
-    theirs = create_engine(url)
-    with theirs.begin() as conn:
-        conn.execute(text("CREATE TABLE theirs (x INTEGER)"))
-    theirs.dispose()
+    url = database_of(backend, tmp_path, request, "CREATE TABLE theirs (x INTEGER)")
     says = "has no Interlock tables (check --store or INTERLOCK_STORE_URL"
     broker = ["--broker", f"redis://127.0.0.1:{free_port()}/0"]  # never reached
     listed = run_cli("pending", "--store", url)
@@ -649,6 +663,52 @@ def test_a_commands_store_read_waits_out_a_dropped_connection(pg_url: str, pg_ad
         assert len(tries) == 2, "the first try met the dropped connection"
     finally:
         sql.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_commands_store_read_does_not_wait_on_a_table_that_lacks_a_column(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A snapshot table made by another program, lacking Interlock's columns: no wait
+    mends that, so the read is tried once and the error comes out at once (it used to
+    be tried again for about 1.7 s), saying FAILED_PRECONDITION and pointing at
+    `interlock migrate`; a dropped connection is still tried again (above)."""
+    from sqlalchemy.exc import DBAPIError
+
+    from interlock import Status
+    from workers.cli.base import error_line, read_store, store_read
+    from workers.settings import DEFAULT_SERVER_TIMEOUT
+
+    url = database_of(backend, tmp_path, request, THEIR_SNAPSHOTS)
+    sql = read_store(url, DEFAULT_SERVER_TIMEOUT)
+    tries: list[int] = []
+
+    def read() -> object:
+        tries.append(1)
+        return sql.get_snapshot("nothing-here")
+
+    try:
+        with pytest.raises(DBAPIError) as info:
+            store_read(read, DEFAULT_SERVER_TIMEOUT)
+    finally:
+        sql.dispose()
+    assert len(tries) == 1, "a lacking column lasts: not tried again"
+    said = error_line(info.value)
+    assert said is not None and said[0] is Status.FAILED_PRECONDITION, said
+    assert said[1].startswith("cannot use the store: "), said
+    assert said[1].endswith(
+        "run `interlock migrate`, which makes those missing and names those that lack columns"
+    ), said
+
+    decided = run_cli(
+        "decide", "snap-1", "--token", "t", "--approve", "--store", url,
+        "--broker", f"redis://127.0.0.1:{free_port()}/0", timeout=60,
+    )  # fmt: skip
+    assert decided.returncode == 1, decided.describe()
+    assert decided.stderr.startswith("error: FAILED_PRECONDITION: cannot use the store: "), (
+        decided.describe()
+    )
+    assert f"({redact_url(url)}): its tables are not those Interlock makes" in decided.stderr
 
 
 def test_every_command_that_reads_the_store_lists_the_flag() -> None:
@@ -866,16 +926,15 @@ def test_migrate_refuses_tables_of_interlocks_names_that_lack_its_columns(
     from events.outbox import outbox_table
     from interlock.stores.sql import metadata
 
-    url = (
-        f"sqlite:///{tmp_path / 'theirs.db'}"
-        if backend == "sqlite"
-        else request.getfixturevalue("pg_url")
+    url = database_of(
+        backend,
+        tmp_path,
+        request,
+        THEIR_SNAPSHOTS,
+        "CREATE TABLE interlock_outbox (id INTEGER, sent_at TEXT)",
     )
     theirs = create_engine(url)
     try:
-        with theirs.begin() as conn:
-            conn.execute(text("CREATE TABLE interlock_snapshot (snapshot_id TEXT, x INTEGER)"))
-            conn.execute(text("CREATE TABLE interlock_outbox (id INTEGER, sent_at TEXT)"))
         made = run_cli("migrate", "--store", url, timeout=60)
         assert made.returncode == 1, made.describe()
         snapshots = metadata.tables["interlock_snapshot"]

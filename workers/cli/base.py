@@ -295,7 +295,9 @@ def store_read(read: Callable[[], T], within: float) -> T:
     """`read()`, a read of the store, tried again when the store fails (a connection the
     server dropped mid-read, a restart): it changes nothing, so another try is safe. No
     try starts once the tries so far took `within` seconds (the server timeout): a
-    server that does not answer is not waited for again. The last failure is raised."""
+    server that does not answer is not waited for again. The last failure is raised; a
+    table or a column the database lacks at once (`error_line` says FAILED_PRECONDITION,
+    pointing at `interlock migrate`): no wait mends it."""
     from interlock.stores.failures import retry_store_failures
 
     return retry_store_failures(read, READ_PAUSES, within=within)
