@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import signal
 import subprocess
 import time
@@ -71,13 +72,15 @@ def texts(requests: list[dict[str, Any]]) -> list[str]:
     return [r["input"]["message"]["content"][0]["text"] for r in requests]
 
 
-def spawn(*args: str, stdin: bytes | None = None) -> subprocess.Popen[bytes]:
+def spawn(
+    *args: str, stdin: bytes | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [interlock_bin(), *args],
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=child_env(),
+        env=env if env is not None else child_env(),
     )
 
 
@@ -382,6 +385,78 @@ def test_sigterm_part_way_through_a_batch_says_how_far_it_got_and_deletes_the_qu
     assert len(queued(server)) == sent
     assert len(json_lines(b"".join(read).decode() + out)) == sent
     assert cli_queues(server) == []
+
+
+HOLD = """
+import os, sys, time
+
+
+class Hold:
+    # Holds the start-up where it loads the command line, once it has said so (a
+    # file), until a signal ends the wait.
+    def find_spec(self, name, path=None, target=None):
+        if name == "workers.cli":
+            sys.meta_path.remove(self)
+            open(os.environ["HOLD_FILE"], "w").close()
+            time.sleep(60)
+        return None
+
+
+sys.meta_path.insert(0, Hold())
+"""
+"""A `sitecustomize` that holds `interlock` as it starts loading the command line."""
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler of its own for `signum` (Linux's SigCgt)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["while-loading", "first-moment"])
+@pytest.mark.parametrize(
+    ("sig", "code", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_signal_as_a_batch_starts_ends_it_as_a_later_one_does(
+    server: RedisServer, tmp_path: Path, sig: int, code: int, said: str, held: bool
+) -> None:
+    """Ctrl-C or SIGTERM while `submit --file` is still loading the command line (its
+    first few tenths of a second) ends it as a later one does: one line, `interrupted`
+    (130) or `terminated` (143), nothing sent. Ctrl-C used to print a KeyboardInterrupt
+    traceback there, and SIGTERM to end it on the spot with no line. Held: the start-up
+    waits where it loads the command line (a `sitecustomize` of the test's) and the
+    signal comes then; else it comes the moment the process handles SIGTERM, wherever
+    the start-up has got to."""
+    if not Path(f"/proc/{os.getpid()}/status").exists():
+        pytest.skip("reads which signals a process handles from /proc (Linux)")
+    path = tmp_path / "turns.txt"
+    path.write_text("turn 0\nturn 1\n")
+    env = child_env()
+    if held:
+        hook = tmp_path / "hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(HOLD)
+        env.update(PYTHONPATH=str(hook), HOLD_FILE=str(tmp_path / "held"))
+    proc = spawn(
+        "submit", *flags(server, tmp_path), "--agent", AGENT, "--file", str(path), env=env
+    )  # fmt: skip
+    try:
+        if held:
+            eventually((tmp_path / "held").exists, "start-up held")
+        else:
+            eventually(lambda: catches(proc.pid, signal.SIGTERM), "SIGTERM handled", every=0.002)
+        proc.send_signal(sig)
+    finally:
+        out, err = finish(proc)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and "Aborted" not in err, err
+    assert err.splitlines()[-1] == said, err
+    assert out == "", "nothing was sent"
+    assert queued(server) == []
 
 
 def test_a_queue_left_by_a_broker_gone_away_is_said_and_goes_as_the_docs_say(

@@ -23,6 +23,7 @@ from interlock import InterlockError, Status, StatusError, status_of
 from interlock.stores.failures import first_line as one_line
 from interlock.stores.failures import is_schema_error
 
+from ..console import Terminated, started, stop
 from ..settings import Settings, one_shot_store_url, redact_url
 
 if TYPE_CHECKING:
@@ -32,13 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-EXIT_INTERRUPTED = 130
-"""The exit code of a command stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
 EXIT_BROKEN_PIPE = 141
 """The exit code of a command whose output was closed by its reader (128 + SIGPIPE)."""
-EXIT_TERMINATED = 143
-"""The exit code of a command that SIGTERM stopped (128 + SIGTERM), where it ends with
-`terminated` (`terminable`)."""
 PROGRESS_EVERY = 100
 """A batch (`submit --file`) reports its progress on stderr every this many turns."""
 F = TypeVar("F", bound=Callable[..., Any])
@@ -73,11 +69,9 @@ def clear_errors(fn: F) -> F:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(EXIT_BROKEN_PIPE)
         except (KeyboardInterrupt, click.exceptions.Abort):  # Abort: Ctrl-C at a prompt
-            click.echo("\ninterrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            stop(signal.SIGINT)
         except Terminated:
-            click.echo("terminated", err=True)
-            sys.exit(EXIT_TERMINATED)
+            stop(signal.SIGTERM)
         except Exception as exc:
             said = error_line(exc)
             if said is None:
@@ -178,17 +172,12 @@ def store_refusal(exc: BaseException) -> tuple[Status, str] | None:
     return None
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised where a `terminable` command stands, as Ctrl-C raises
-    KeyboardInterrupt: what the command holds is let go on the way out (a queue of its
-    own deleted). No `Exception`, so no handler of errors takes it for one."""
-
-
 def terminable(fn: F) -> F:
     """While `fn` runs, SIGTERM raises `Terminated` (which `clear_errors` ends with exit
     143) instead of ending the process on the spot, skipping its `finally` blocks; it and
     Ctrl-C wait for the end of a `signals_deferred` block. In the main thread only
-    (signals go there); elsewhere `fn` runs as it is."""
+    (signals go there); elsewhere `fn` runs as it is. (The console script handles both
+    alike while the command line starts: `workers.console`.)"""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -204,6 +193,7 @@ def terminable(fn: F) -> F:
             for signum, handler in previous.items():
                 signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
+    wrapper.terminable = True  # type: ignore[attr-defined]  # (`_start_command`)
     return wrapper  # type: ignore[return-value]
 
 
@@ -550,10 +540,25 @@ idle_option = click.option(
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="interlock")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Interlock: agents that pause for a human and resume where they stopped.
 
     Start with `interlock demo`. In production run `interlock worker` and
     `interlock resume-consumer` (after `interlock migrate`, once, to create the store's
     tables), submit turns with `interlock submit`, list what waits with `interlock
     pending` and answer with `interlock decide`."""
+    _start_command(ctx)
+
+
+def _start_command(ctx: click.Context) -> None:
+    """Before the command `ctx` names starts: the console script has ended the process
+    on Ctrl-C and SIGTERM as a stopped command ends since it began (`workers.console`).
+    A `terminable` command goes on so until it sets its own handling; any other gets the
+    process's back (SIGTERM ends it on the spot, or it sets its own: the worker's, the
+    resume consumer's)."""
+    name = ctx.invoked_subcommand
+    group = ctx.command
+    command = group.get_command(ctx, name) if name and isinstance(group, click.Group) else None
+    if not getattr(getattr(command, "callback", None), "terminable", False):
+        started()

@@ -10,10 +10,10 @@ import click
 
 from interlock import AgentInput, Message, Part, Status, StatusError
 
+from ..console import Terminated
 from ..settings import NO_CONSUMER_HINT, redact_url
 from .base import (
     PROGRESS_EVERY,
-    Terminated,
     broker_option,
     clear_errors,
     emit,

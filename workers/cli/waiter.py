@@ -14,6 +14,7 @@ import click
 
 from interlock import Status, StatusError
 
+from ..console import Terminated
 from ..settings import (
     DEFAULT_BROKER,
     DEFAULT_STORE,
@@ -22,7 +23,7 @@ from ..settings import (
     Settings,
     redact_url,
 )
-from .base import PROGRESS_EVERY, Terminated, emit, error_line, reach_broker
+from .base import PROGRESS_EVERY, emit, error_line, reach_broker
 
 if TYPE_CHECKING:
     from interlock.stores.sql_journal import TurnEnding
