@@ -162,7 +162,7 @@ def run_on_queues(
 
     from .app import create_app, runtime_of, send_turn
     from .consumer import ResumeConsumer
-    from .settings import NO_ANSWER_HINT, Settings
+    from .settings import NO_ANSWER_HINT, Settings, redact_url
     from .turns import new_turn_request
 
     if model is not None and broker is not None:
@@ -195,7 +195,8 @@ def run_on_queues(
         )
         stack.callback(events.close, True)
         if embedded:
-            _hop(f"·  embedded: broker {broker}, store {store}, worker and resume consumer")
+            shown = redact_url(settings.store_url)
+            _hop(f"·  embedded: broker {broker}, store {shown}, worker and resume consumer")
             stack.enter_context(_embedded_worker(app))
             consumer = ResumeConsumer(app)
             thread = threading.Thread(target=consumer.run, daemon=True)

@@ -26,6 +26,7 @@ from tests.queue_helpers import (
     run_cli,
 )
 from tests.services import free_port
+from workers.settings import redact_url
 
 # -------------------------------------------------------------------------- the demo
 
@@ -163,6 +164,17 @@ def test_demo_checks_its_store_before_anything_runs(tmp_path: Path, store: str, 
         result.describe()
     )
     assert result.stdout == "", "nothing ran"
+
+
+def test_demo_shows_its_store_without_a_password_in_the_query(tmp_path: Path, pg_url: str) -> None:
+    """The embedded demo names the store it runs on: a secret its URL holds in the
+    query (libpq's `sslpassword`, unused here) shows as `***`, as in every message."""
+    url = f"{pg_url}{'&' if '?' in pg_url else '?'}sslpassword=hunter2"
+    result = run_cli("demo", "--approve", "--store", url, cwd=tmp_path, timeout=90)
+    assert result.returncode == 0, result.describe()
+    assert "hunter2" not in result.stdout + result.stderr, result.describe()
+    assert f"store {redact_url(pg_url)}" in result.stdout, result.describe()
+    assert "sslpassword=***" in result.stdout, result.describe()
 
 
 @pytest.mark.parametrize("mode", [(), ("--in-process",)], ids=["queued", "in-process"])
