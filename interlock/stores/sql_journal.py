@@ -587,7 +587,7 @@ class SqlTurnJournal:
                 # as found, to give back: a run that stalled past it may still go on
                 found = _F_LEASE_ROW.execute(conn, params).first()
                 if found is None or _F_TAKE.execute(conn, params).rowcount != 1:
-                    return TurnStart(TurnStartKind.BUSY)
+                    return _busy_or_foreign(conn, turn_id, request)
                 kind = TurnStartKind.TAKEN_OVER
             if request is not None and not self._same_request(conn, turn_id, session, request):
                 _give_back(conn, kind, params, found)  # (a refusal that raced it may have ended it)
@@ -663,7 +663,8 @@ class SqlTurnJournal:
             return ended
         found = self.holder(turn_id)
         if not self.acquire(turn_id, owner, ttl):
-            return TurnStart(TurnStartKind.BUSY)
+            with self.store.engine.begin() as conn:
+                return _busy_or_foreign(conn, turn_id, request)
         kind = TurnStartKind.NEW if found is None else TurnStartKind.TAKEN_OVER
         params = {"p_turn": turn_id, "p_owner": owner}
         if request is not None:
@@ -856,6 +857,18 @@ class SqlTurnJournal:
                 select(_LEASE.c.owner, _LEASE.c.expires_at).where(_LEASE.c.turn_id == turn_id)
             ).first()
         return (str(row[0]), row[1]) if row is not None else None
+
+
+def _busy_or_foreign(conn: Connection, turn_id: str, request: str | None) -> TurnStart:
+    """The answer to a start of `turn_id` while another run holds its lease: FOREIGN
+    when `request` is not the request the turn was first started with (it is another
+    request under a taken id, refused now rather than left to wait for a turn that is
+    not its own), else BUSY."""
+    if request is not None:
+        kept = _F_REQUEST_OF.execute(conn, {"p_turn": turn_id}).first()
+        if kept is not None and json.loads(kept[0]) not in (None, request):
+            return TurnStart(TurnStartKind.FOREIGN)
+    return TurnStart(TurnStartKind.BUSY)
 
 
 def _give_back(

@@ -583,6 +583,30 @@ def test_a_turn_id_names_the_request_that_first_started_it(
     )
 
 
+@pytest.mark.parametrize("portable", [False, True], ids=["on_conflict", "portable"])
+def test_another_request_under_a_running_turns_id_is_foreign_at_once(
+    sql_journal: SqlTurnJournal, portable: bool
+) -> None:
+    """While a run holds the turn's lease, a start with the same request waits (BUSY: a
+    redelivery of that turn), and one with another request is FOREIGN at once, not left
+    to wait for a turn that is not its own (and to be taken, once it ends, for a
+    duplicate of it). Neither touches the running turn's lease or journal."""
+    if portable:
+        sql_journal._insert_if_new = sql_journal._take_session = None
+        sql_journal._keep_request = None
+    assert sql_journal.begin("t-run", "w1", ttl=30, session="s1", request="a").kind in (
+        TurnStartKind.NEW,
+        TurnStartKind.TAKEN_OVER,
+    )
+    sql_journal.record("s1", "t-run", "tool:r1", {"ok": 1})
+    assert sql_journal.begin("t-run", "w2", ttl=30, request="a").kind is TurnStartKind.BUSY
+    other = sql_journal.begin("t-run", "w2", ttl=30, session="s2", request="b")
+    assert other.kind is TurnStartKind.FOREIGN
+    assert sql_journal.begin("t-run", "w2", ttl=30).kind is TurnStartKind.BUSY, "no request"
+    assert (sql_journal.holder("t-run") or ("",))[0] == "w1"
+    assert sql_journal.load("s1", "t-run") == {"tool:r1": {"ok": 1}}
+
+
 class _FlakyJournal(InMemoryJournal):
     """A journal whose store drops the connection at the first write."""
 

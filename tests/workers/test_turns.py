@@ -152,6 +152,13 @@ def test_a_turn_refused_for_an_unknown_snapshot_names_no_last_snapshot(
     assert failed["session_id"] == session_id
 
 
+def _message_task(agent: str, text: str, session: str, turn_id: str) -> dict[str, Any]:
+    """The task body of a user message `text` to `agent`, on `session`, as `turn_id`."""
+    said = AgentInput(message=Message(role="user", content=[Part(text=text)]))
+    request = new_turn_request(agent, said, session_id=session, turn_id=turn_id)
+    return request.model_dump(mode="json")
+
+
 def _failed_bodies(rt: Runtime) -> list[dict[str, Any]]:
     with rt.store.engine.connect() as conn:
         rows = conn.execute(
@@ -1013,9 +1020,7 @@ def test_a_task_reusing_a_turn_id_neither_replays_nor_ends_that_turn(
     runtime = Runtime(settings, registry)
 
     def message(text: str, session: str) -> dict[str, Any]:
-        said = AgentInput(message=Message(role="user", content=[Part(text=text)]))
-        request = new_turn_request("a", said, session_id=session, turn_id="t-victim")
-        return request.model_dump(mode="json")
+        return _message_task("a", text, session, "t-victim")
 
     try:
         victim = message("my PIN is 4321", "s-victim")
@@ -1043,6 +1048,60 @@ def test_a_task_reusing_a_turn_id_neither_replays_nor_ends_that_turn(
         assert len(_failed_bodies(runtime)) == 1
     finally:
         runtime.close()
+
+
+def test_a_task_reusing_the_id_of_a_running_turn_is_refused_at_once(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """While a turn runs, a task with its turn id and another request (another session
+    and message) is refused with ALREADY_EXISTS at once: it does not wait for the
+    running turn and then pass for a duplicate of it, unanswered. The running turn
+    goes on and ends as its own."""
+    import threading
+
+    from interlock import Interlock, ModelRequest, scripted
+
+    registry = Interlock(secret="t")
+    inside, go_on = threading.Event(), threading.Event()
+
+    @registry.tool(name="slow", description="holds the turn")
+    def slow(inp: dict[str, Any]) -> dict[str, Any]:
+        inside.set()
+        assert go_on.wait(30)
+        return {"ok": True}
+
+    def model(request: ModelRequest) -> Message:
+        if request.messages[-1].role == "user":
+            return scripted.reply(scripted.tool_call("slow", {}))
+        return scripted.text("done")
+
+    scripted.define(registry, "slowly", model)
+    registry.define_agent("a", model="scripted/slowly", tools=[slow])
+    settings = Settings(broker_url=redis_url, store_url=f"sqlite:///{tmp_path}/busy.db")
+    runtime = Runtime(settings, registry)
+
+    def message(text: str, session: str) -> dict[str, Any]:
+        return _message_task("a", text, session, "t-running")
+
+    results: list[dict[str, Any]] = []
+    first = threading.Thread(target=lambda: results.append(run_turn(runtime, message("a", "s-a"))))
+    try:
+        first.start()
+        assert inside.wait(30), "the first turn's tool runs"
+        other = run_turn(runtime, message("b", "s-b"))
+        assert other["error"]["status"] == "ALREADY_EXISTS", other
+        assert other["error"]["message"].startswith("turn_id 't-running' names another turn")
+        [event] = _failed_bodies(runtime)
+        assert (event["turn_id"], event["session_id"]) == (None, None), event
+        assert runtime.store.get_latest_snapshot("s-b") is None, "nothing ran"
+    finally:
+        go_on.set()
+        first.join(30)
+        runtime.close()
+    [done] = results
+    assert done.get("finish_reason") == "stop", done
+    final = runtime.store.get_snapshot(done["snapshot_id"])
+    assert final is not None and final.session_id == "s-a"
 
 
 def test_a_garbled_copy_does_not_end_a_turn_waiting_for_its_session(rt: Runtime) -> None:
