@@ -200,8 +200,10 @@ def _scanned_id(raw: bytes) -> str | None:
     """The top-level decision_id of a body no JSON reader takes (nested too deeply, an
     integer too long to convert, a byte that is no UTF-8 elsewhere in it), found by
     scanning its text: strings skipped whole, brackets counted, no recursion. The last
-    one wins, as for a reader."""
-    text = raw.decode("utf-8-sig", errors="replace").lstrip()
+    one wins, as for a reader. A byte that is no UTF-8 is read as a lone surrogate
+    (which no decision_id may hold), not replaced: a decision_id with one is no id the
+    sender sent."""
+    text = raw.decode("utf-8-sig", errors="surrogateescape").lstrip()
     if not text.startswith("{"):
         return None
     found: str | None = None

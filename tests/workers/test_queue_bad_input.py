@@ -640,6 +640,16 @@ DEEP = "[" * 100_000 + "]" * 100_000
             True,
             "1e400 is out of the range of a JSON number (a double)",
         ),
+        (  # no UTF-8: a decision_id read with a byte replaced is not the one sent
+            lambda d: json.dumps({**d, "decision_id": "BAD"}).encode().replace(b"BAD", b"id\xff"),
+            False,
+            "decision is not JSON: 'utf-8' codec can't decode byte 0xff",
+        ),
+        (  # no UTF-8 elsewhere: its decision_id is read all the same
+            lambda d: json.dumps({**d, "reviewer": "BAD"}).encode().replace(b"BAD", b"\xff"),
+            True,
+            "decision is not JSON: 'utf-8' codec can't decode byte 0xff",
+        ),
     ],
     ids=[
         "array",
@@ -659,6 +669,8 @@ DEEP = "[" * 100_000 + "]" * 100_000
         "nan",
         "infinity",
         "overflow",
+        "no-utf8-decision-id",
+        "no-utf8-reviewer",
     ],
 )
 def test_invalid_decision_is_rejected_and_dead_lettered(
@@ -667,7 +679,11 @@ def test_invalid_decision_is_rejected_and_dead_lettered(
     nonce = str(uuid.uuid4())
     base = decision(f"snap-{nonce}", "token", restart=[])
     message = make(base)
-    raw = (message if isinstance(message, str) else json.dumps(message)).encode()
+    raw = (
+        message
+        if isinstance(message, bytes)
+        else (message if isinstance(message, str) else json.dumps(message)).encode()
+    )
     raw = raw.replace(b'"' + DEEP.encode() + b'"', DEEP.encode())  # unquote a nested DEEP
     dead = dead_reader(stack.broker_url)
     try:
