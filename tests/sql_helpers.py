@@ -5,16 +5,30 @@
   SQLite and PostgreSQL alike), not at the INSERT.
 - `terminate_backends(pg_admin, database)`: end every server connection to a
   PostgreSQL database, as a restart or an administrator does.
+- `database_url(request, tmp_path, name)`: a SQLite file or a fresh PostgreSQL
+  database, as the test's `request.param` ("sqlite" or "postgresql") says.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from sqlalchemy import Column, ForeignKey, MetaData, Table, Text, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from interlock import SqlSessionStore
 
-__all__ = ["checked_at_commit", "terminate_backends"]
+__all__ = ["checked_at_commit", "database_url", "terminate_backends"]
+
+
+def database_url(request: pytest.FixtureRequest, tmp_path: Path, name: str) -> str:
+    """The URL of an empty database for a fixture parametrized over "sqlite" and
+    "postgresql": the file `name` in `tmp_path`, or a fresh database (`pg_url`)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / name}"
+    url: str = request.getfixturevalue("pg_url")
+    return url
 
 
 def checked_at_commit(store: SqlSessionStore) -> Table:

@@ -499,7 +499,12 @@ def test_a_store_that_is_no_database_is_one_line_for_every_command_that_reads_it
     wrong = tmp_path / "wrong.db"
     wrong.write_bytes(b"no database here\n" * 100)
     store = ["--store", f"sqlite:///{wrong}"]
-    for args in (["pending"], ["audit", "some-session"], ["migrate"]):
+    for args in (
+        ["pending"],
+        ["audit", "some-session"],
+        ["migrate"],
+        ["prune", "--older-than", "1d"],
+    ):
         result = run_cli(*args, *store)
         assert result.returncode == 1, result.describe()
         assert result.stderr.strip() == (
@@ -513,7 +518,13 @@ def test_an_empty_store_flag_is_refused_by_every_command_that_reads_it(tmp_path:
     commands that read only the store, as for the others; the default store is not
     read in its place. An empty variable is unset, as documented."""
     said = "error: INVALID_ARGUMENT: store URL '' is not a database URL SQLAlchemy can use"
-    for args in (["pending"], ["audit", "some-session"], ["migrate"], ["submit", "--text", "x"]):
+    for args in (
+        ["pending"],
+        ["audit", "some-session"],
+        ["migrate"],
+        ["submit", "--text", "x"],
+        ["prune", "--older-than", "1d"],
+    ):
         extra = ["--agent", "bankingAgent", "--broker", "redis://127.0.0.1:1/0"]
         result = run_cli(
             *args, *(extra if args[0] == "submit" else []), "--store", "", cwd=tmp_path
@@ -530,9 +541,9 @@ def test_an_empty_store_flag_is_refused_by_every_command_that_reads_it(tmp_path:
 def test_the_commands_that_read_the_store_make_no_table_in_a_database_without_one(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """`pending`, `audit` and `decide` pointed at a database that holds no Interlock
-    tables (the wrong one, or one nothing has run on yet) say so, and leave it as it
-    was: they used to create the store's tables in it."""
+    """`pending`, `audit`, `decide` and `prune` pointed at a database that holds no
+    Interlock tables (the wrong one, or one nothing has run on yet) say so, and leave it
+    as it was: they used to create the store's tables in it."""
     url = database_of(backend, tmp_path, request, "CREATE TABLE theirs (x INTEGER)")
     says = "has no Interlock tables (check --store or INTERLOCK_STORE_URL"
     broker = ["--broker", f"redis://127.0.0.1:{free_port()}/0"]  # never reached
@@ -546,6 +557,9 @@ def test_the_commands_that_read_the_store_make_no_table_in_a_database_without_on
     assert decided.returncode == 1, decided.describe()
     assert "error: NOT_FOUND: snapshot snap-1 not found: the store at" in decided.stderr
     assert says in audited.stderr and says in decided.stderr
+    pruned = run_cli("prune", "--older-than", "1d", "--store", url)
+    assert pruned.returncode == 0 and pruned.json_lines()[0]["sessions"] == 0, pruned.describe()
+    assert f"nothing to prune: the store at {redact_url(url)} {says}" in pruned.stderr
     engine = create_engine(url)
     try:
         assert inspect(engine).get_table_names() == ["theirs"]
@@ -716,7 +730,7 @@ def test_every_command_that_reads_the_store_lists_the_flag() -> None:
     reads it (the workers store the turns)."""
     shown = " ".join(run_cli("submit", "--help").stdout.split())
     assert "--store TEXT The workers' store; read only with --wait and a --file" in shown
-    for command in ("worker", "resume-consumer", "pending", "decide", "resend", "audit"):
+    for command in ("worker", "resume-consumer", "pending", "decide", "resend", "audit", "prune"):
         assert "--store" in run_cli(command, "--help").stdout, command
     ran = run_cli("submit", "--store", "sqlite:///x.db", "--agent", "a", "--text", "")
     assert ran.returncode == 2 and "the message is empty" in ran.stderr, ran.describe()
@@ -742,6 +756,7 @@ def test_one_set_of_flags_serves_every_command(tmp_path: Path) -> None:
         "audit",
         "migrate",
         "health",
+        "prune",
     ):
         result = runner.invoke(main, [command, *flags, "--help"])
         assert result.exit_code == 0, (command, result.output)

@@ -1,0 +1,255 @@
+"""`interlock prune`: sessions idle past a retention are deleted, those that wait are kept."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Table, func, insert, select, update
+
+from events.decision_log import DecisionLog, decision_table
+from examples.banking import TransferOutput, bankingAgent, transferMoney
+from interlock import FinishReason, SqlSessionStore, ToolResume
+from interlock.stores.sql import metadata as store_metadata
+from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, journal_metadata, session_lease
+from schemas import utcnow
+from tests.queue_helpers import run_cli
+from tests.sql_helpers import database_url
+from workers.retention import Pruned, prune_sessions
+
+SNAP: Table = store_metadata.tables["interlock_snapshot"]
+MSG: Table = store_metadata.tables["interlock_message"]
+JOURNAL: Table = journal_metadata.tables["interlock_journal"]
+LEASE: Table = journal_metadata.tables["interlock_turn_lease"]
+
+OLD = timedelta(days=40)
+"""How long ago the sessions meant to be old were last written."""
+
+
+class Store:
+    """A store with sessions in every state a prune tells apart, all but one aged."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.sql = SqlSessionStore(url)
+        DecisionLog(self.sql)
+        SqlTurnJournal(self.sql)
+        self.agent = bankingAgent.with_store(self.sql)
+        self.done = self.completed("Transfer $5 to savings")
+        self.pause = self.agent.run_text("Transfer $6 to savings")
+        assert self.pause.session_id is not None
+        self.paused = self.pause.session_id
+        self.expired = self.agent.run_text("Transfer $7 to savings").session_id
+        self.leased = self.completed("Transfer $8 to savings")
+        self.running = self.completed("Transfer $9 to savings")
+        self.refused = self.completed("Transfer $10 to savings")
+        self.recent = self.completed("Transfer $11 to savings")
+        now = utcnow()
+        with self.sql.engine.begin() as conn:
+            old = now - OLD
+            aged = [s for s in self.sessions() if s != self.recent]
+            conn.execute(update(SNAP).where(SNAP.c.session_id.in_(aged)).values(updated_at=old))
+            conn.execute(
+                update(SNAP).where(SNAP.c.session_id == self.expired).values(status="expired")
+            )
+            conn.execute(
+                insert(LEASE).values(turn_id=session_lease(self.leased), owner="w1", expires_at=now)
+            )
+            journal = [
+                (self.running, "t-running", "model:0", old),  # a run that died, to retry
+                (self.refused, "t-refused", "request", old),
+                (self.refused, "t-refused", REFUSED, old),
+                ("", "t-unnamed-old", "request", old),
+                ("", "t-unnamed-old", REFUSED, old),
+                ("", "t-unnamed-new", REFUSED, now),
+            ]
+            for session, turn, key, when in journal:
+                row = {"turn_id": turn, "key": key, "session_id": session, "created_at": when}
+                conn.execute(insert(JOURNAL).values(body="null", **row))
+            decisions = [
+                ("d-done", self.done, old),
+                ("d-paused", self.paused, old),
+                ("d-unnamed-old", None, old),
+                ("d-unnamed-new", None, now),
+            ]
+            for decision_id, named, when in decisions:
+                conn.execute(
+                    insert(decision_table).values(
+                        decision_id=decision_id,
+                        session_id=named,
+                        outcome="rejected",
+                        body="{}",
+                        event_type="decision.rejected",
+                        event_body="{}",
+                        received_at=when,
+                    )
+                )
+
+    def completed(self, text: str) -> str:
+        out = self.agent.run_text(text)
+        [ask] = out.interrupts
+        answer = transferMoney.respond(ask, TransferOutput(success=True, transaction_id="t"))
+        done = self.agent.run(ToolResume(respond=[answer]), session_id=out.session_id)
+        assert done.finish_reason is FinishReason.STOP
+        assert done.session_id is not None
+        return done.session_id
+
+    def sessions(self) -> set[str]:
+        with self.sql.engine.connect() as conn:
+            return {str(r[0]) for r in conn.execute(select(SNAP.c.session_id).distinct())}
+
+    def count(self, table: Table) -> int:
+        with self.sql.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+
+    def column(self, table: Table, name: str) -> set[Any]:
+        with self.sql.engine.connect() as conn:
+            return {r[0] for r in conn.execute(select(table.c[name]))}
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "sessions": self.sessions(),
+            "snapshots": self.count(SNAP),
+            "messages": self.count(MSG),
+            "decisions": self.column(decision_table, "decision_id"),
+            "journal": self.column(JOURNAL, "turn_id"),
+            "leases": self.column(LEASE, "turn_id"),
+        }
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    made = Store(database_url(request, tmp_path, "prune.db"))
+    try:
+        yield made
+    finally:
+        made.sql.dispose()
+
+
+def test_prune_deletes_the_sessions_idle_past_the_retention_that_wait_for_nothing(
+    store: Store,
+) -> None:
+    """Old sessions that completed, failed or expired go, with their messages, decision
+    records and refused turns; an open pause, a session a turn runs on (its lease), a
+    turn that died and may run again (its journal) and a recent session stay. A dry
+    run counts the same and deletes nothing; a second run finds nothing."""
+    before = store.state()
+    with store.sql.engine.connect() as conn:
+        gone = [store.done, store.expired, store.refused]
+        own = select(SNAP.c.snapshot_id).where(SNAP.c.session_id.in_(gone))
+        their_snapshots = int(
+            conn.execute(select(func.count()).where(SNAP.c.session_id.in_(gone))).scalar_one()
+        )
+        their_messages = int(
+            conn.execute(select(func.count()).where(MSG.c.snapshot_id.in_(own))).scalar_one()
+        )
+    expected = {
+        "sessions": 3,
+        "snapshots": their_snapshots,
+        "messages": their_messages,
+        "decisions": 2,  # the completed session's, and the old one that names none
+        "refusals": 2,  # the refused turn of a pruned session, and the old unnamed one
+    }
+    assert their_messages > their_snapshots > 3
+
+    dry = run_cli("prune", "--older-than", "30d", "--dry-run", "--store", store.url)
+    assert dry.returncode == 0, dry.describe()
+    [line] = dry.json_lines()
+    assert {k: line[k] for k in expected} == expected, line
+    assert line["dry_run"] is True
+    assert "would delete 3 sessions" in dry.stderr, dry.describe()
+    assert store.state() == before, "a dry run deletes nothing"
+
+    ran = run_cli("prune", "--older-than", "30d", "--store", store.url)
+    assert ran.returncode == 0, ran.describe()
+    [line] = ran.json_lines()
+    assert {k: line[k] for k in expected} == expected, line
+    assert line["dry_run"] is False and line["cutoff"].endswith("Z")
+    after = store.state()
+    assert after["sessions"] == {
+        store.paused,
+        store.leased,
+        store.running,
+        store.recent,
+    }
+    assert after["snapshots"] == before["snapshots"] - their_snapshots
+    assert after["messages"] == before["messages"] - their_messages
+    assert after["decisions"] == {"d-paused", "d-unnamed-new"}
+    assert after["journal"] == {"t-running", "t-unnamed-new"}
+    assert after["leases"] == {session_lease(store.leased)}, "its own leases are let go"
+    with store.sql.engine.connect() as conn:
+        orphans = select(func.count()).where(~MSG.c.snapshot_id.in_(select(SNAP.c.snapshot_id)))
+        assert conn.execute(orphans).scalar_one() == 0
+
+    # what is kept still works: the open pause is answered, and the pruned session's id
+    # starts a session anew, with no history to miss
+    [ask] = store.pause.interrupts
+    answer = transferMoney.respond(ask, TransferOutput(success=True, transaction_id="t"))
+    answered = store.agent.run(ToolResume(respond=[answer]), session_id=store.paused)
+    assert answered.finish_reason is FinishReason.STOP
+    fresh = store.agent.run_text("Transfer $13 to savings", session_id=store.done)
+    latest = store.sql.get_latest_snapshot(store.done)
+    assert fresh.finish_reason is FinishReason.INTERRUPTED and latest is not None
+    assert [m.role for m in latest.messages] == ["user", "model"]
+
+    again = run_cli("prune", "--older-than", "30d", "--store", store.url)
+    assert again.returncode == 0, again.describe()
+    assert {k: again.json_lines()[0][k] for k in expected} == dict.fromkeys(expected, 0)
+
+
+def test_prune_in_batches_reports_its_progress(store: Store) -> None:
+    """A batch per transaction: the same sessions go, and each batch says how far it got."""
+    progress: list[Pruned] = []
+    done, cutoff = prune_sessions(
+        store.sql, OLD.total_seconds() - 3600, batch=1, on_batch=lambda p: progress.append(p)
+    )
+    assert done.sessions == 3 and done.decisions == 2 and done.refusals == 2
+    assert [p.sessions for p in progress][:3] == [1, 2, 3]
+    assert utcnow() - cutoff >= OLD - timedelta(hours=1, seconds=5)
+    assert store.sessions() == {store.paused, store.leased, store.running, store.recent}
+    ran = run_cli("prune", "--older-than", "1h", "--batch", "1", "--store", store.url)
+    assert ran.returncode == 0, ran.describe()
+    assert ran.json_lines()[0]["sessions"] == 0
+    assert "so far" not in ran.stderr, "nothing deleted, nothing reported"
+
+
+def test_prune_takes_a_duration_and_says_what_it_cannot_read(tmp_path: Path) -> None:
+    """--older-than takes seconds or a number and a unit; anything else, zero or less,
+    is a usage error naming the value. A store nothing has run on has nothing to prune,
+    and none is made."""
+    store = f"sqlite:///{tmp_path / 'none.db'}"
+    for wrong, says in (
+        ("soon", "'soon' is not a duration"),
+        ("30x", "'30x' is not a duration"),
+        ("0", "'0' is no length of time"),
+        ("-5", "'-5' is not a duration"),
+    ):
+        ran = run_cli("prune", "--older-than", wrong, "--store", store)
+        assert ran.returncode == 2, ran.describe()
+        assert says in ran.stderr, ran.describe()
+    missing = run_cli("prune", "--store", store)
+    assert missing.returncode == 2 and "--older-than" in missing.stderr, missing.describe()
+    for given in ("90", "90s", "1.5m", "2h", "30d", "2W"):
+        ran = run_cli("prune", "--older-than", given, "--store", store)
+        assert ran.returncode == 0, ran.describe()
+        assert json.loads(ran.stdout)["sessions"] == 0
+        assert "nothing to prune: no store at" in ran.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_duration_is_read_in_its_unit() -> None:
+    from workers.cli.prune import Duration
+
+    read = Duration()
+    assert [read.convert(v, None, None) for v in ("90", "90s", "1.5m", "2h", "30d", "2w")] == [
+        90.0,
+        90.0,
+        90.0,
+        7200.0,
+        2_592_000.0,
+        1_209_600.0,
+    ]

@@ -1,0 +1,117 @@
+"""`interlock prune`: delete what the store keeps of sessions idle past a retention."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+
+from .base import (
+    clear_errors,
+    emit,
+    main,
+    missing_sqlite_file,
+    no_tables,
+    read_store,
+    server_timeout,
+    store_option,
+    store_tables,
+    store_url_of,
+    unused,
+)
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.IGNORECASE)
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]  # (generic from click 8.2 only)
+    """A length of time: a number of seconds, or a number with a unit (`90s`, `45m`,
+    `12h`, `30d`, `2w`); more than zero."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int | float):
+            seconds = float(value)
+        else:
+            found = _DURATION.fullmatch(str(value))
+            if found is None:
+                self.fail(
+                    f"{value!r} is not a duration: give seconds, or a number and a unit "
+                    "(s, m, h, d, w), such as 30d or 12h.",
+                    param,
+                    ctx,
+                )
+            seconds = float(found.group(1)) * _UNITS[found.group(2).lower() or "s"]
+        if seconds <= 0:
+            self.fail(f"{value!r} is no length of time: give more than zero.", param, ctx)
+        return seconds
+
+
+@main.command(short_help="Delete sessions idle for longer than a retention.")
+@click.option(
+    "--older-than",
+    required=True,
+    type=Duration(),
+    help="Delete sessions idle for longer than this: seconds, or a number and a unit "
+    "(s, m, h, d, w), such as 30d.",
+)
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option(
+    "--batch",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Sessions deleted per transaction.  [default: 500]",
+)
+@store_option
+@unused("--app")
+@unused("--broker")
+@clear_errors
+def prune(older_than: float, dry_run: bool, batch: int | None, store: str | None) -> None:
+    """Delete the sessions idle for longer than --older-than (their newest snapshot
+    was written before then) that wait for nothing: no open interrupt, no turn running
+    or to be retried. Their snapshots, messages and decision records go, and so do the
+    decision records and refused turns that name no session and are older than that.
+    Sessions that wait on a reviewer are kept, however old.
+
+    Prints its progress on stderr after each batch and, at the end, one JSON line of
+    counts (`--dry-run`: what would be deleted)."""
+    from ..audit import wire_time
+    from ..retention import PRUNE_BATCH, Pruned, prune_sessions
+
+    url = store_url_of(store)
+    missing = missing_sqlite_file(url)
+    if missing is not None:  # nothing has run on it (and none is made)
+        click.echo(f"nothing to prune: no store at {missing} yet", err=True)
+        emit({"store": _shown(url), "dry_run": dry_run, **Pruned().as_dict()})
+        return
+    sql = read_store(url, server_timeout())
+    verb = "would delete" if dry_run else "deleted"
+
+    def progress(total: Pruned) -> None:
+        click.echo(
+            f"prune: {verb} {total.sessions} sessions ({total.snapshots} snapshots, "
+            f"{total.messages} messages, {total.decisions} decisions, "
+            f"{total.refusals} refused turns) so far",
+            err=True,
+        )
+
+    try:
+        empty = no_tables(store_tables(sql), url)
+        if empty is not None:
+            click.echo(f"nothing to prune: {empty}", err=True)
+            emit({"store": _shown(url), "dry_run": dry_run, **Pruned().as_dict()})
+            return
+        done, cutoff = prune_sessions(
+            sql, older_than, batch=batch or PRUNE_BATCH, dry_run=dry_run, on_batch=progress
+        )
+    finally:
+        sql.dispose()
+    emit({"store": _shown(url), "cutoff": wire_time(cutoff), "dry_run": dry_run, **done.as_dict()})
+
+
+def _shown(url: str) -> str:
+    from ..settings import redact_url
+
+    return redact_url(url)
