@@ -21,7 +21,7 @@ from sqlalchemy import make_url
 from events.tokens import hash_token, new_token
 from examples.banking import ai
 from interlock import AgentInput, Message, Part, SqlSessionStore, Status, StatusError
-from tests.queue_helpers import APP, child_env, interlock_bin, run_cli
+from tests.queue_helpers import APP, Service, child_env, interlock_bin, run_cli
 from tests.services import eventually, start_redis
 from workers.runtime import Runtime
 from workers.settings import (
@@ -223,6 +223,80 @@ def test_the_demo_gives_up_on_a_silent_broker(silent: SilentServer) -> None:
     broker = f"redis://127.0.0.1:{silent.port}/0"
     proc, took = timed("demo", "--approve", "--broker", broker)
     ended_unavailable(silent, proc, took, f"error: {broker_line(silent)}")
+
+
+@pytest.mark.parametrize(
+    ("args", "seconds"),
+    [
+        (["worker", "--pool", "solo"], 5),
+        (["resume-consumer"], 5),
+        (["worker", "--burst", "--pool", "solo"], 5),
+        (["resume-consumer", "--burst"], 3),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else f"{v}s",
+)
+def test_the_worker_and_the_consumer_do_not_start_on_a_silent_broker(
+    silent: SilentServer, tmp_path: Path, args: list[str], seconds: int
+) -> None:
+    """Served or in burst mode, the worker and the resume consumer declare the queues
+    before they serve: a broker that takes the connection and never answers ends that
+    step within the server timeout with one line naming it (its password hidden), exit
+    1, where the process waited there for good; no traceback, and it never started."""
+    broker = f"redis://nobody:secret@127.0.0.1:{silent.port}/0"
+    proc, took = timed(
+        *args, "--app", APP, "--broker", broker, "--store", f"sqlite:///{tmp_path}/s.db",
+        env=child_env(INTERLOCK_SERVER_TIMEOUT=str(seconds)),
+    )  # fmt: skip
+    shown = f"redis://nobody:***@127.0.0.1:{silent.port}/0"
+    ended_unavailable(
+        silent,
+        proc,
+        took,
+        f"error: UNAVAILABLE: cannot reach the broker {shown}: Timeout reading from "
+        f"127.0.0.1:{silent.port}: no answer within {seconds} s (INTERLOCK_SERVER_TIMEOUT)",
+    )
+    assert proc.stdout == "", "it never started: " + describe(proc, took)
+    assert "secret" not in proc.stderr, describe(proc, took)
+
+
+def test_served_processes_outlast_the_server_timeout_once_started(tmp_path: Path) -> None:
+    """The server timeout bounds only the declarations before serving: a worker and a
+    resume consumer started with a 2 s timeout wait, idle, for several times that on
+    their blocking reads, then run a turn and its resume."""
+    server = start_redis(tmp_path / "redis")
+    env = child_env(INTERLOCK_SERVER_TIMEOUT="2")
+    flags = ["--app", APP, "--broker", server.url, "--store", f"sqlite:///{tmp_path}/s.db"]
+    worker = Service(
+        "worker", ["worker", "--pool", "solo", *flags], tmp_path / "worker.log", env=env
+    )
+    consumer = Service(
+        "resume-consumer", ["resume-consumer", *flags], tmp_path / "consumer.log", env=env
+    )
+    try:
+        worker.wait_for(" ready.")
+        consumer.wait_for("Connected to ")
+        time.sleep(6)  # three server timeouts with nothing to read
+        submitted = run_cli(
+            "submit", *flags, "--agent", "bankingAgent", "--text", "Transfer $5 to x", "--wait",
+            env=env,
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.describe() + worker.tail()
+        paused = submitted.json_lines()[-1]
+        assert paused["type"] == "turn.interrupted", submitted.describe()
+        time.sleep(6)
+        decided = run_cli(
+            "decide", paused["snapshot_id"], "--token", paused["resume_token"], "--approve",
+            "--wait", *flags[2:], env=env,
+        )  # fmt: skip
+        assert decided.returncode == 0, decided.describe() + consumer.tail()
+        assert decided.json_lines()[-1]["type"] == "turn.completed", decided.describe()
+        assert worker.alive and consumer.alive
+        for service in (worker, consumer):
+            assert "Timeout" not in service.output(), service.tail()
+    finally:
+        worker.stop()
+        consumer.stop()
+        server.stop()
 
 
 # ---------------------------------------------------------------------- a silent store

@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 import uuid
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import click
 
@@ -32,6 +34,9 @@ from .base import (
     store_option,
     unreachable,
 )
+
+if TYPE_CHECKING:
+    from kombu.connection import Connection
 
 __all__: list[str] = []
 
@@ -224,20 +229,25 @@ def _declare_first(settings: Settings, burst: bool, logger: str) -> None:
     """Declare the protocol's exchanges and queues before Celery starts, where the
     broker answers: one it holds declared otherwise ends the command here
     (FAILED_PRECONDITION), not a worker that runs and can publish no event. A broker
-    that does not answer yet is left to Celery, which waits for it (and the worker
-    declares them once ready); one that refuses the login or the vhost ends the command
-    (UNAUTHENTICATED, PERMISSION_DENIED). One that answers and refuses the declarations
-    for now (Redis out of memory or read-only) is waited for as well, said in one
-    line; in burst mode it ends the command (UNAVAILABLE)."""
+    that cannot be reached yet (the connection refused) is left to Celery, which waits
+    for it (and the worker declares them once ready); one that refuses the login or the
+    vhost ends the command (UNAUTHENTICATED, PERMISSION_DENIED), and so does one that
+    does not answer within the server timeout (UNAVAILABLE, `_no_answer`). One that
+    answers and refuses the declarations for now (Redis out of memory or read-only) is
+    waited for as well, said in one line; in burst mode it ends the command
+    (UNAVAILABLE)."""
     from events.publisher import TopologyConflict, declare
 
-    with settings.connection() as conn:
+    with _startup_connection(settings) as conn:
         try:
-            conn.ensure_connection(max_retries=1, interval_start=0.5, timeout=5)
+            conn.ensure_connection(
+                max_retries=1, interval_start=0.5, timeout=settings.server_timeout
+            )
         except Exception as exc:
             refusal = broker_refusal(exc)  # a wrong password is not waited out
             if refusal is not None:
                 raise StatusError(*refusal) from exc
+            _no_answer(settings, exc)
             return
         try:
             declare(conn)
@@ -247,11 +257,50 @@ def _declare_first(settings: Settings, burst: bool, logger: str) -> None:
             refusal = broker_refusal(exc)
             if refusal is not None:
                 raise StatusError(*refusal) from exc
+            _no_answer(settings, exc)
             said = f"the broker refuses Interlock's declarations: {one_line(exc).rstrip('.')}"
             if burst:  # a batch job does not wait for the operator
                 raise StatusError(Status.UNAVAILABLE, said) from exc
             line = f"{said}; starting, to try again until it takes them"
             click.echo(_log_line(logger, logging.WARNING, line), err=True)
+
+
+def _startup_connection(settings: Settings) -> Connection:
+    """A broker connection for the checks before serving, bounded as a command run by
+    hand is (`Settings.one_shot`: on Redis, a socket timeout of `server_timeout` on
+    connecting and on each reply). It is closed before serving starts: the connections
+    that serve (Celery's, the consumer's) keep no such timeout, so their long blocking
+    reads and their reconnecting through later outages are as before."""
+    return replace(settings, one_shot=True).connection()
+
+
+def _no_answer(settings: Settings, exc: BaseException) -> None:
+    """UNAVAILABLE, naming the broker, when `exc` says that it did not answer within the
+    server timeout (it took the connection and said nothing, or never took it): a
+    process that started so would wait on it for good (a serving connection has no
+    timeout on its replies), where it ends now, for a supervisor to start it again."""
+    if not _timed_out(exc):
+        return
+    raise StatusError(
+        Status.UNAVAILABLE,
+        f"cannot reach the broker {redact_url(settings.broker_url)}: {one_line(exc)}: no "
+        f"answer within {settings.server_timeout:g} s (INTERLOCK_SERVER_TIMEOUT)",
+    ) from exc
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether `exc`, or an error it was raised from, is a timeout of the broker's
+    client (redis-py's, or the socket's for py-amqp)."""
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    seen: BaseException | None = exc
+    for _ in range(8):  # kombu wraps the client's error in its own
+        if seen is None:
+            return False
+        if isinstance(seen, RedisTimeout | TimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 _LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -267,16 +316,18 @@ def _log_line(name: str, level: int, message: str) -> str:
 
 def _reach_broker(settings: Settings) -> None:
     """Connect once, with burst mode's few attempts (2, 4 and 6 s apart); a broker
-    that never answers raises kombu's OperationalError, one that refuses the login or
-    the vhost a StatusError at once."""
+    that cannot be reached raises kombu's OperationalError, one that refuses the login
+    or the vhost, or does not answer within the server timeout, a StatusError at
+    once."""
     from ..burst import BURST_CONNECT_RETRIES
 
-    with settings.connection() as conn:
+    with _startup_connection(settings) as conn:
 
         def retrying(exc: Exception, interval: float) -> None:
             refusal = broker_refusal(exc)  # a wrong password is not waited out
             if refusal is not None:
                 raise StatusError(*refusal) from exc
+            _no_answer(settings, exc)  # one wait, not one a try
             said = f"cannot reach the broker ({exc}); trying again in {interval:.0f} s"
             click.echo(_log_line("interlock.worker", logging.WARNING, said), err=True)
 
