@@ -6,6 +6,7 @@ import base64
 import contextlib
 import json
 import math
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -70,8 +71,10 @@ _PRECONDITION_FAILED = 406
 
 class Publisher:
     """Publishes JSON messages on one connection; reconnects and retries on failure.
-    `timeout` bounds the time spent connecting first (seconds, all retries included; a
-    command line's `--timeout`); by default that is ten retries at kombu's intervals."""
+    `timeout` bounds each publish (seconds, all its tries included: connecting,
+    declaring, sending and reconnecting): no try starts once the tries so far took
+    that long, and the last failure is raised (a command run by hand gives its server
+    timeout). By default a publish has ten retries at kombu's intervals."""
 
     def __init__(
         self,
@@ -86,6 +89,7 @@ class Publisher:
         self._timeout = timeout
 
     def _publish(self, body: str, exchange: Exchange, routing_key: str, **kw: Any) -> None:
+        started = time.monotonic()
         if not self._declared:
             if self._timeout is None:
                 self.connection.ensure_connection(max_retries=RETRY_POLICY["max_retries"])
@@ -114,8 +118,17 @@ class Publisher:
                     f" ({routing_key}): {exc or 'a queue it routes to takes no more'}"
                 ) from exc
 
+        def within_timeout(exc: Exception, interval: float) -> None:
+            """kombu's call before each retry, `interval` seconds ahead: none starts
+            past `timeout` (a server that takes a try and never answers holds each
+            for the socket's timeout; kombu would make its ten)."""
+            if self._timeout is not None and (
+                time.monotonic() - started + interval >= self._timeout
+            ):
+                raise exc
+
         # Lost connections are retried (reconnecting); a refusal is not (see PublishRefused).
-        self.connection.ensure(producer, send, **RETRY_POLICY)()
+        self.connection.ensure(producer, send, errback=within_timeout, **RETRY_POLICY)()
 
     def publish_event(self, event: EventBase) -> None:
         """Publish an event on `interlock.events`, routed by its type."""

@@ -41,12 +41,21 @@ HANG = 60.0
 
 class SilentServer:
     """A TCP server on 127.0.0.1 that takes every connection, reads what it is sent and
-    never answers, as a wedged Redis or PostgreSQL looks from its clients."""
+    never answers, as a wedged Redis or PostgreSQL looks from its clients.
 
-    def __init__(self) -> None:
+    With `upstream` (a port on 127.0.0.1), it first passes each connection's bytes to
+    that server and back, until a client sends a command holding `stall_on`: that
+    command and all that follows, on every connection old or new, is read and never
+    passed on, as a server that answered the first commands and then stalled."""
+
+    def __init__(self, upstream: int | None = None, stall_on: bytes = b"") -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
         self.accepted = 0
+        self.stalled = upstream is None
+        self._upstream = upstream
+        self._stall_on = stall_on
+        self._peer: dict[socket.socket, socket.socket] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -62,14 +71,24 @@ class SilentServer:
                         conn, _ = sock.accept()
                         self.accepted += 1
                         selector.register(conn, selectors.EVENT_READ)
+                        if not self.stalled and self._upstream is not None:
+                            up = socket.create_connection(("127.0.0.1", self._upstream))
+                            self._peer[conn], self._peer[up] = up, conn
+                            selector.register(up, selectors.EVENT_READ)
                         continue
                     try:
-                        data = sock.recv(65536)  # read, and never answer
+                        data = sock.recv(65536)
                     except OSError:
                         data = b""
-                    if not data:  # the client gave up
+                    if not data:  # the client gave up (or the upstream closed)
                         selector.unregister(sock)
                         sock.close()
+                        continue
+                    if self._stall_on and self._stall_on in data:
+                        self.stalled = True
+                    peer = self._peer.get(sock)
+                    if peer is not None and not self.stalled:
+                        peer.sendall(data)  # passed on; stalled: read, and never answered
             for key in list(selector.get_map().values()):
                 key.fileobj.close()  # type: ignore[union-attr]
 
@@ -223,6 +242,39 @@ def test_the_demo_gives_up_on_a_silent_broker(silent: SilentServer) -> None:
     broker = f"redis://127.0.0.1:{silent.port}/0"
     proc, took = timed("demo", "--approve", "--broker", broker)
     ended_unavailable(silent, proc, took, f"error: {broker_line(silent)}")
+
+
+@pytest.mark.parametrize("command", ["decide", "resend"])
+def test_a_publish_gives_up_on_a_broker_that_stalls_after_answering(
+    paused: tuple[str, str, str], tmp_path: Path, command: str
+) -> None:
+    """A Redis that answers the connection and the declarations, then stalls on the
+    publish (the decision, the new turn.interrupted): the command gives up within the
+    server timeout, where kombu's retries (a new connection, ten times, each waiting
+    for its answer) held it for about a minute. Nothing reached a queue."""
+    store, snapshot_id, token = paused
+    server = start_redis(tmp_path / "redis")
+    stalling = SilentServer(upstream=server.port, stall_on=b"LPUSH")
+    try:
+        broker = f"redis://127.0.0.1:{stalling.port}/0"
+        answer = ["--token", token, "--approve"] if command == "decide" else []
+        proc, took = timed(command, snapshot_id, *answer, "--broker", broker, "--store", store)
+        said = describe(proc, took)
+        assert stalling.stalled, "the publish met the stall: " + said
+        assert took < BOUND and proc.returncode == 1, said
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: {broker_line(stalling)}"), said
+        assert "Traceback" not in proc.stderr, said
+        assert proc.stdout == "", "no decision id, no token: " + said
+        client = redis.Redis(port=server.port)
+        try:
+            queued = client.llen("interlock.decisions") + client.llen("interlock.interrupted")
+            assert queued == 0, "nothing was sent"
+        finally:
+            client.close()
+    finally:
+        stalling.close()
+        server.stop()
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
         assert isinstance(event, TurnInterrupted) and event.resume_token is not None
         assert found.resume_token_hash is not None
         outbox = Outbox(sql)
-        relay = OutboxRelay(outbox, Publisher(settings.connection()))
+        relay = OutboxRelay(outbox, Publisher(settings.connection(), timeout=within))
         try:
             # The broker first: one that cannot be reached ends the command before the
             # token is replaced (nothing changed; run it again later).

@@ -593,7 +593,7 @@ def decide(
     try:
         with settings.connection() as conn:
             reach_broker(conn, settings.server_timeout)
-            Publisher(conn, timeout=timeout).publish_decision(decision)
+            Publisher(conn, timeout=settings.server_timeout).publish_decision(decision)
         emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
         if waiter is None:
             click.echo(
