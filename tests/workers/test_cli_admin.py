@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from tests.queue_helpers import child_env, interlock_bin, run_cli
+from tests.queue_helpers import APP, child_env, interlock_bin, run_cli
 from tests.services import free_port, start_redis
 from workers.settings import redact_url
 
@@ -930,6 +930,14 @@ def test_schemas_to_a_folder_that_cannot_be_made_is_one_line(tmp_path: Path) -> 
     assert "Traceback" not in checked.stderr
 
 
+def snapshot_lacks() -> list[str]:
+    """The columns Interlock's snapshot table has and theirs (`snapshot_id`, `x`) lacks."""
+    from interlock.stores.sql import metadata
+
+    snapshots = metadata.tables["interlock_snapshot"]
+    return [c.name for c in snapshots.columns if c.name != "snapshot_id"]
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_migrate_refuses_tables_of_interlocks_names_that_lack_its_columns(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -939,7 +947,6 @@ def test_migrate_refuses_tables_of_interlocks_names_that_lack_its_columns(
     report success; a command that then reads the store says it reached it and cannot
     use it, pointing at `migrate`, not that it cannot reach it."""
     from events.outbox import outbox_table
-    from interlock.stores.sql import metadata
 
     url = database_of(
         backend,
@@ -952,8 +959,7 @@ def test_migrate_refuses_tables_of_interlocks_names_that_lack_its_columns(
     try:
         made = run_cli("migrate", "--store", url, timeout=60)
         assert made.returncode == 1, made.describe()
-        snapshots = metadata.tables["interlock_snapshot"]
-        snapshot = [c.name for c in snapshots.columns if c.name != "snapshot_id"]
+        snapshot = snapshot_lacks()
         outbox = [c.name for c in outbox_table.columns if c.name not in ("id", "sent_at")]
         assert made.stderr.strip() == (
             f"error: FAILED_PRECONDITION: the store at {redact_url(url)} holds tables named "
@@ -999,3 +1005,32 @@ def test_migrate_refuses_tables_of_interlocks_names_that_lack_its_columns(
         "error: UNAVAILABLE: cannot reach the store: connection failed: "
     ), unreached.describe()
     assert unreached.stderr.strip().endswith(f"({down})"), unreached.describe()
+
+
+@pytest.mark.parametrize("command", ["worker", "resume-consumer"])
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_served_process_refuses_tables_of_interlocks_names_that_lack_its_columns(
+    backend: str, command: str, tmp_path: Path, redis_url: str, request: pytest.FixtureRequest
+) -> None:
+    """The worker and the resume consumer run `migrate`'s check of the columns before
+    they serve: on tables named as Interlock's but made by another program (or an old
+    release) they exit 1, served as in burst mode, naming each table and the columns it
+    lacks, and make nothing, where they started and failed at every turn or decision."""
+    url = database_of(backend, tmp_path, request, THEIR_SNAPSHOTS)
+    theirs = create_engine(url)
+    try:
+        extra = ["--pool", "solo"] if command == "worker" else []
+        flags = ["--app", APP, "--broker", redis_url, "--store", url]
+        started = run_cli(command, *extra, *flags, timeout=45)
+        assert started.returncode == 1, started.describe()
+        assert started.stderr.strip().splitlines()[-1] == (
+            f"error: FAILED_PRECONDITION: the store at {redact_url(url)} holds a table named "
+            "as Interlock's but lacking columns it needs: interlock_snapshot lacks "
+            f"{', '.join(snapshot_lacks())}; nothing was changed: rename or drop it, or check "
+            "--store or INTERLOCK_STORE_URL"
+        ), started.describe()
+        assert started.stdout == "", "it never started: " + started.describe()
+        assert "Traceback" not in started.stderr, started.describe()
+        assert inspect(theirs).get_table_names() == ["interlock_snapshot"], "nothing made"
+    finally:
+        theirs.dispose()

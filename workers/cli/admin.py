@@ -19,6 +19,7 @@ from ..settings import one_shot_store_url, redact_url
 from .base import (
     Seconds,
     broker_option,
+    check_columns,
     check_sqlite_folder,
     clear_errors,
     emit,
@@ -147,10 +148,10 @@ def migrate(store: str | None) -> None:
     journal and turn leases; erase resume tokens that an older release kept in the
     decision log. A table of one of these names that lacks columns Interlock needs
     (another program's) is named, and nothing is changed."""
-    from events.decision_log import DecisionLog, decision_metadata
-    from events.outbox import Outbox, outbox_metadata
+    from events.decision_log import DecisionLog
+    from events.outbox import Outbox
     from interlock import SqlSessionStore
-    from interlock.stores.sql_journal import SqlTurnJournal, journal_metadata
+    from interlock.stores.sql_journal import SqlTurnJournal
 
     settings = shared_store(settings_of(store=store))
     check_sqlite_folder(settings.store_url)
@@ -158,20 +159,7 @@ def migrate(store: str | None) -> None:
         one_shot_store_url(settings.store_url, settings.server_timeout), create_tables=False
     )
     try:
-        lacking = sql.lacking_columns(
-            sql.metadata, outbox_metadata, decision_metadata, journal_metadata
-        )
-        if lacking:
-            one = len(lacking) == 1
-            raise StatusError(
-                Status.FAILED_PRECONDITION,
-                f"the store at {redact_url(settings.store_url)} holds "
-                + ("a table" if one else "tables")
-                + " named as Interlock's but lacking columns it needs: "
-                + "; ".join(f"{name} lacks {', '.join(cols)}" for name, cols in lacking.items())
-                + f"; nothing was changed: rename or drop {'it' if one else 'them'}, or "
-                "check --store or INTERLOCK_STORE_URL",
-            )
+        check_columns(sql, settings.store_url)
         sql.create_tables()
         Outbox(sql).close()
         erased = DecisionLog(sql).erase_tokens()

@@ -363,13 +363,46 @@ def check_sqlite_folder(url: str) -> None:
 def reach_store(url: str, seconds: float | None = None) -> None:
     """Open the store at `url` once (making its tables if missing), before a command
     that serves from it starts: a store that cannot be reached or used (a file that is
-    no database) raises SQLAlchemy's error, which `clear_errors` says in one line.
-    `seconds`: a server that does not answer within them is given up on
-    (`one_shot_store_url`); None waits as the long-running processes do."""
+    no database) raises SQLAlchemy's error, which `clear_errors` says in one line, and
+    one whose tables lack columns FAILED_PRECONDITION (`check_columns`), before
+    anything is made. `seconds`: a server that does not answer within them is given up
+    on (`one_shot_store_url`); None waits as the long-running processes do."""
     from interlock import SqlSessionStore
 
     check_sqlite_folder(url)
-    SqlSessionStore(url if seconds is None else one_shot_store_url(url, seconds)).dispose()
+    sql = SqlSessionStore(
+        url if seconds is None else one_shot_store_url(url, seconds), create_tables=False
+    )
+    try:
+        check_columns(sql, url)
+        sql.create_tables()
+    finally:
+        sql.dispose()
+
+
+def check_columns(sql: SqlSessionStore, url: str) -> None:
+    """FAILED_PRECONDITION naming each table of Interlock's (the store's, the outbox,
+    the decision log, the turn journal and leases) that the store at `url` holds
+    without columns Interlock needs (another program's, or an old one), and the columns
+    it lacks: nothing Interlock does there could work. Reads only."""
+    from events.decision_log import decision_metadata
+    from events.outbox import outbox_metadata
+    from interlock.stores.sql_journal import journal_metadata
+
+    tables = (sql.metadata, outbox_metadata, decision_metadata, journal_metadata)
+    lacking = sql.lacking_columns(*tables)
+    if not lacking:
+        return
+    one = len(lacking) == 1
+    raise StatusError(
+        Status.FAILED_PRECONDITION,
+        f"the store at {redact_url(url)} holds "
+        + ("a table" if one else "tables")
+        + " named as Interlock's but lacking columns it needs: "
+        + "; ".join(f"{name} lacks {', '.join(cols)}" for name, cols in lacking.items())
+        + f"; nothing was changed: rename or drop {'it' if one else 'them'}, or "
+        "check --store or INTERLOCK_STORE_URL",
+    )
 
 
 def missing_sqlite_file(url: str) -> Path | None:

@@ -49,12 +49,14 @@ def _check_store(url: str, burst: bool, who: str) -> None:
     cannot be reached or used is one line (UNAVAILABLE), at once. Served, the process
     starts anyway (the store may come up later) but says so on stderr, where a wrong
     URL (a database that does not exist, say) would otherwise show only when a turn or
-    decision fails."""
+    decision fails. A store reached whose tables are not Interlock's (lacking columns,
+    as `interlock migrate` checks) ends the process either way (FAILED_PRECONDITION):
+    waiting cannot mend them, and every turn or decision would fail on them."""
     try:
         reach_store(url)
     except Exception as exc:
         said = error_line(exc)
-        if burst or said is None:
+        if burst or said is None or said[0] is Status.FAILED_PRECONDITION:
             raise
         check = "" if "check --store" in said[1] else ": check --store or INTERLOCK_STORE_URL"
         click.echo(
