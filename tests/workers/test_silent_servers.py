@@ -2,7 +2,10 @@
 port forwarded to nothing): every command run by hand ends within its server timeout
 (`INTERLOCK_SERVER_TIMEOUT`, 5 s by default) with the one line a server that cannot be
 reached gets, `UNAVAILABLE: cannot reach ...`, exit 1, where it used to wait for
-minutes or for good. `--wait` still waits as long as its `--timeout` says."""
+minutes or for good; so does a publish on a broker that answers and then stalls. The
+worker and the resume consumer end so when the broker does not answer their
+declarations before serving, and once serving wait as before. `--wait` still waits as
+long as its `--timeout` says."""
 
 from __future__ import annotations
 
