@@ -167,6 +167,10 @@ class MessageRow(_Row, table=True):
     body: str = Field(sa_column=Column(Text, nullable=False))
 
 
+_SECRET_PARAMETERS = ("password", "passwd", "secret", "token")
+"""How the names of URL query parameters that hold a secret end (libpq's `password` and
+`sslpassword`): `repr` hides their values."""
+
 _SNAP: Table = metadata.tables["interlock_snapshot"]
 _MSG: Table = metadata.tables["interlock_message"]
 
@@ -385,7 +389,11 @@ class SqlSessionStore:
         self.close()
 
     def __repr__(self) -> str:
-        return f"SqlSessionStore({self.engine.url.render_as_string(hide_password=True)!r})"
+        url = self.engine.url
+        secrets = {k: "***" for k in url.query if k.lower().endswith(_SECRET_PARAMETERS)}
+        shown = url.update_query_dict(secrets) if secrets else url
+        text = shown.render_as_string(hide_password=True).replace("=%2A%2A%2A", "=***")
+        return f"SqlSessionStore({text!r})"
 
     def _write(self) -> AbstractContextManager[Connection]:
         """One of the store's own write transactions."""

@@ -781,3 +781,26 @@ def test_an_in_memory_sqlite_connection_given_back_by_another_thread_frees_it() 
     finally:
         park.set()
         store.dispose()
+
+
+def test_a_stores_repr_hides_the_secrets_of_its_url(tmp_path: Path) -> None:
+    """The password of the URL's user and the value of a query parameter holding one
+    (libpq's `password`, `sslpassword`) are shown as ***; the rest as given."""
+    store = SqlSessionStore(
+        "postgresql+psycopg://bob:hunter2@127.0.0.1:1/db"
+        "?sslpassword=opensesame&application_name=app&password=swordfish",
+        create_tables=False,
+    )
+    try:
+        shown = repr(store)
+    finally:
+        store.dispose()
+    for secret in ("hunter2", "opensesame", "swordfish"):
+        assert secret not in shown, shown
+    assert "bob:***@127.0.0.1:1/db" in shown and "application_name=app" in shown, shown
+    assert "sslpassword=***" in shown and "password=***" in shown, shown
+    plain = SqlSessionStore(f"sqlite:///{tmp_path / 'r.db'}")
+    try:
+        assert repr(plain) == f"SqlSessionStore('sqlite:///{tmp_path / 'r.db'}')"
+    finally:
+        plain.dispose()
