@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,6 +70,25 @@ _PRECONDITION_FAILED = 406
 """AMQP's reply code for a declaration that does not match what the broker holds."""
 
 
+def give_up_after(
+    seconds: float | None, started: float | None = None
+) -> Callable[[Exception, float], None] | None:
+    """An errback for kombu's `ensure` (and Celery's `retry_policy`), called before each
+    retry, `interval` seconds ahead: it lets none start once the tries since `started`
+    (a `time.monotonic()`; by default now) would pass `seconds`, and raises the last
+    failure instead. A server that takes a try and never answers holds each try for the
+    socket's timeout, and kombu would make all its retries. None for no bound."""
+    if seconds is None:
+        return None
+    since = time.monotonic() if started is None else started
+
+    def within(exc: Exception, interval: float) -> None:
+        if time.monotonic() - since + interval >= seconds:
+            raise exc
+
+    return within
+
+
 class Publisher:
     """Publishes JSON messages on one connection; reconnects and retries on failure.
     `timeout` bounds each publish (seconds, all its tries included: connecting,
@@ -115,20 +135,12 @@ class Publisher:
             except MessageNacked as exc:
                 raise PublishRefused(
                     f"the broker refused the message to {exchange.name or 'the default exchange'}"
-                    f" ({routing_key}): {exc or 'a queue it routes to takes no more'}"
+                    f" ({routing_key}): {str(exc) or 'a queue it routes to takes no more'}"
                 ) from exc
 
-        def within_timeout(exc: Exception, interval: float) -> None:
-            """kombu's call before each retry, `interval` seconds ahead: none starts
-            past `timeout` (a server that takes a try and never answers holds each
-            for the socket's timeout; kombu would make its ten)."""
-            if self._timeout is not None and (
-                time.monotonic() - started + interval >= self._timeout
-            ):
-                raise exc
-
         # Lost connections are retried (reconnecting); a refusal is not (see PublishRefused).
-        self.connection.ensure(producer, send, errback=within_timeout, **RETRY_POLICY)()
+        errback = give_up_after(self._timeout, started)
+        self.connection.ensure(producer, send, errback=errback, **RETRY_POLICY)()
 
     def publish_event(self, event: EventBase) -> None:
         """Publish an event on `interlock.events`, routed by its type."""

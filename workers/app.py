@@ -13,7 +13,7 @@ from celery.signals import before_task_publish
 from celery.utils.time import get_exponential_backoff_interval
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from events.publisher import PublishRefused
+from events.publisher import PublishRefused, give_up_after
 from events.topology import TURNS, TURNS_DEAD, TURNS_QUEUE
 from interlock import Interlock
 from interlock.stores.failures import first_line as one_line
@@ -225,16 +225,20 @@ def _summarize_turn(body: Any = None, headers: dict[str, Any] | None = None, **_
 before_task_publish.connect(_summarize_turn, sender=RUN_TURN, weak=False)
 
 
-def send_turn(app: Celery, request: TurnRequest) -> None:
+def send_turn(app: Celery, request: TurnRequest, *, within: float | None = None) -> None:
     """Enqueue `request` as an `interlock.run_turn` task (JSON arguments). A task the
     broker turns away (RabbitMQ's nack: `interlock.turns` at a length limit with
-    `reject-publish`) raises `PublishRefused` saying so; Celery gives it no reason."""
+    `reject-publish`) raises `PublishRefused` saying so; Celery gives it no reason.
+    `within`: no try of the send starts once its tries took that many seconds (a command
+    run by hand gives its server timeout); by default Celery's retry policy alone."""
+    errback = give_up_after(within)
     try:
         app.send_task(
             RUN_TURN,
             args=[request.model_dump(mode="json")],
             argsrepr=turn_summary(request),
             kwargsrepr="{}",
+            **({"retry_policy": {"errback": errback}} if errback is not None else {}),
         )
     except KombuOperationalError as exc:
         if not isinstance(exc.__cause__ or exc.__context__, MessageNacked):

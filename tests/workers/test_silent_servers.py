@@ -216,6 +216,19 @@ def test_submit_gives_up_on_a_silent_broker(silent: SilentServer, wait: bool) ->
     assert proc.stdout == "", "no turn was sent"
 
 
+def test_submit_tries_a_silent_broker_once(silent: SilentServer) -> None:
+    """Its send is bounded as a whole, as the first connect is: with a timeout of 2 s,
+    Celery's retries (bounded by its own 4 s connect timeout) would try the silent
+    broker again, on a new connection, and take twice the timeout."""
+    broker = f"redis://127.0.0.1:{silent.port}/0"
+    proc, took = timed(
+        "submit", "--app", APP, "--agent", "bankingAgent", "--text", "Transfer $5 to x",
+        "--broker", broker, env=child_env(INTERLOCK_SERVER_TIMEOUT="2"),
+    )  # fmt: skip
+    ended_unavailable(silent, proc, took, f"error: {broker_line(silent)}")
+    assert silent.accepted == 1, "one try: " + describe(proc, took)
+
+
 @pytest.mark.parametrize("wait", [False, True], ids=["decide", "decide --wait"])
 def test_decide_gives_up_on_a_silent_broker(
     silent: SilentServer, paused: tuple[str, str, str], wait: bool

@@ -267,7 +267,7 @@ def _send_turn(celery_app: Celery, agent_name: str, turn: FileTurn) -> tuple[str
         session_id=session_id,
         turn_id=turn.turn_id,
     )
-    send_turn(celery_app, request)
+    send_turn(celery_app, request, within=server_timeout())
     return request.turn_id, session_id
 
 
