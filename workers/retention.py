@@ -126,8 +126,11 @@ class _Rules:
         self.leases = _LEASE.name in tables
         self._owner = f"{_OWNER_PREFIX}{uuid.uuid4().hex}"  # of the leases it takes
 
-    def sessions(self, conn: Connection, after: str, batch: int) -> list[str]:
-        """Up to `batch` prunable sessions after `after`, in session id order."""
+    def sessions(
+        self, conn: Connection, after: str, batch: int, among: Sequence[str] | None = None
+    ) -> list[str]:
+        """Up to `batch` prunable sessions after `after` (and of `among`, if given), in
+        session id order."""
         open_pause = and_(
             _SNAP.c.status == SnapshotStatus.COMPLETED.value,
             _SNAP.c.finish_reason == FinishReason.INTERRUPTED.value,
@@ -135,6 +138,8 @@ class _Rules:
         )
         waiting = or_(_SNAP.c.status == SnapshotStatus.PENDING.value, open_pause)
         query = select(_SNAP.c.session_id).where(_SNAP.c.session_id > after)
+        if among is not None:
+            query = query.where(_SNAP.c.session_id.in_(among))
         if self.journal:  # a turn of the session that has not ended: it may run again
             ended = _JOURNAL.alias("ended")
             unended = (
@@ -145,8 +150,10 @@ class _Rules:
                 )
             )
             query = query.where(~unended)
-        if self.leases:  # a turn of a new message runs on it
-            leased = exists().where(_LEASE.c.turn_id == "session:" + _SNAP.c.session_id)
+        if self.leases:  # a turn of a new message runs on it (not this prune's lease)
+            leased = exists().where(
+                _LEASE.c.turn_id == "session:" + _SNAP.c.session_id, _LEASE.c.owner != self._owner
+            )
             query = query.where(~leased)
         query = (
             query.group_by(_SNAP.c.session_id)
@@ -179,9 +186,14 @@ class _Rules:
 
     def delete(self, conn: Connection, ids: Sequence[str]) -> Pruned:
         """Delete the sessions `ids` (chosen in this transaction), holding their leases
-        meanwhile; those whose lease another holds now are left."""
+        meanwhile; those whose lease another holds now are left, and so are those a turn
+        went on in since they were chosen (PostgreSQL: read committed, a statement sees
+        what committed before it; once the leases are held, no turn of a new message
+        can end there)."""
         if self.leases:
             ids = self._lease(conn, ids)
+            if ids:
+                ids = self.sessions(conn, "", len(ids), among=ids)
         done = Pruned(sessions=len(ids))
         if ids:
             own = select(_SNAP.c.snapshot_id).where(_in(_SNAP.c.session_id))

@@ -253,3 +253,46 @@ def test_the_duration_is_read_in_its_unit() -> None:
         2_592_000.0,
         1_209_600.0,
     ]
+
+
+def test_a_turn_that_ends_between_the_choice_and_the_lease_keeps_its_session(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's turn of a new message that ends (its snapshot saved, the session's lease
+    let go) after a batch chose its sessions and before it took their leases: the session
+    is no longer idle, and its new snapshot (here an open pause, a reviewer's to answer)
+    stays. PostgreSQL reads each statement afresh (READ COMMITTED); SQLite's write
+    transaction keeps the turn out until the batch ends."""
+    from workers.retention import _Rules
+
+    worker = SqlSessionStore(store.url)
+    journal = SqlTurnJournal(worker)
+    agent = bankingAgent.with_store(worker)
+    lease = _Rules._lease
+    ran: list[str] = []
+
+    def turn_meanwhile(self: _Rules, conn: Any, ids: Any) -> list[str]:
+        if not ran and store.sql.engine.dialect.name == "postgresql":
+            ran.append("t-meanwhile")
+            begun = journal.begin("t-meanwhile", "w2", 60, session=store.done, request="r")
+            assert begun.kind.value == "new", begun
+            out = agent.run_text(
+                "Transfer $20 to savings",
+                session_id=store.done,
+                turn_id="t-meanwhile",
+                journal=journal,
+            )
+            journal.end("t-meanwhile", "w2", snapshot_saved=True)
+            assert out.finish_reason is FinishReason.INTERRUPTED
+            ran.append(str(out.snapshot_id))
+        return lease(self, conn, ids)
+
+    monkeypatch.setattr(_Rules, "_lease", turn_meanwhile)
+    try:
+        done, _ = prune_sessions(store.sql, OLD.total_seconds() - 3600)
+    finally:
+        worker.dispose()
+    if ran:
+        assert store.done in store.sessions(), "a session a turn just went on in is kept"
+        assert store.sql.get_snapshot(ran[1]) is not None, "its open pause is kept"
+        assert done.sessions == 2
