@@ -2,7 +2,8 @@
 
 A session is pruned when it has been idle for longer than the retention (its newest
 snapshot was last written before the cutoff) and it waits for no one and nothing: none
-of its snapshots is an open pause (interrupted and not claimed) or `pending`, no turn of
+of its snapshots is an open pause (interrupted and not claimed) or `pending`, its newest
+is no claimed pause (a decision answered it: its resume is queued or runs), no turn of
 it holds the session's lease (a new message running), and the journal holds no entry of
 a turn of it that has not ended (a run that died, to be retried). Its snapshots, their
 messages, its decision records and the journal's refusals of its turns are deleted
@@ -131,12 +132,16 @@ class _Rules:
     ) -> list[str]:
         """Up to `batch` prunable sessions after `after` (and of `among`, if given), in
         session id order."""
-        open_pause = and_(
+        paused = and_(
             _SNAP.c.status == SnapshotStatus.COMPLETED.value,
             _SNAP.c.finish_reason == FinishReason.INTERRUPTED.value,
-            _SNAP.c.resumed_by.is_(None),
         )
-        waiting = or_(_SNAP.c.status == SnapshotStatus.PENDING.value, open_pause)
+        waiting = or_(
+            _SNAP.c.status == SnapshotStatus.PENDING.value,
+            and_(paused, _SNAP.c.resumed_by.is_(None)),
+        )
+        # a claimed pause no snapshot follows: its resume is queued or runs
+        claimed = func.max(case((and_(paused, _SNAP.c.resumed_by.is_not(None)), _SNAP.c.seq)))
         query = select(_SNAP.c.session_id).where(_SNAP.c.session_id > after)
         if among is not None:
             query = query.where(_SNAP.c.session_id.in_(among))
@@ -161,6 +166,7 @@ class _Rules:
                 and_(
                     func.max(_SNAP.c.updated_at) < self.cutoff,
                     func.sum(case((waiting, 1), else_=0)) == 0,
+                    or_(claimed.is_(None), claimed < func.max(_SNAP.c.seq)),
                 )
             )
             .order_by(_SNAP.c.session_id)

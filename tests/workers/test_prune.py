@@ -296,3 +296,34 @@ def test_a_turn_that_ends_between_the_choice_and_the_lease_keeps_its_session(
         assert store.done in store.sessions(), "a session a turn just went on in is kept"
         assert store.sql.get_snapshot(ran[1]) is not None, "its open pause is kept"
         assert done.sessions == 2
+
+
+def test_a_claimed_pause_whose_resume_has_not_ended_is_kept_however_old(store: Store) -> None:
+    """A pause the resume consumer claimed is answered: its resume is queued or runs
+    (a backlog, a long tool, workers down) and goes on from it. While no snapshot
+    follows the pause, the session waits for that resume and is kept, however long ago
+    the claim was written; once the resume's snapshot follows, it goes in time."""
+    out = store.agent.run_text("Transfer $14 to savings")
+    assert out.snapshot_id is not None and out.session_id is not None
+    assert store.sql.claim(out.snapshot_id, "consumer")
+    with store.sql.engine.begin() as conn:
+        aged = SNAP.c.session_id == out.session_id
+        conn.execute(update(SNAP).where(aged).values(updated_at=utcnow() - OLD))
+    for dry_run in (True, False):
+        done, _ = prune_sessions(store.sql, OLD.total_seconds() - 3600, dry_run=dry_run)
+        assert done.sessions == 3, dry_run
+    assert out.session_id in store.sessions()
+    [ask] = out.interrupts
+    answer = transferMoney.respond(ask, TransferOutput(success=True, transaction_id="t"))
+    resumed = store.agent.run(
+        ToolResume(respond=[answer]),
+        snapshot_id=out.snapshot_id,
+        claimed_by="consumer",
+        claim_required=True,
+    )
+    assert resumed.finish_reason is FinishReason.STOP
+    with store.sql.engine.begin() as conn:
+        aged = SNAP.c.session_id == out.session_id
+        conn.execute(update(SNAP).where(aged).values(updated_at=utcnow() - OLD))
+    done, _ = prune_sessions(store.sql, OLD.total_seconds() - 3600)
+    assert done.sessions == 1 and out.session_id not in store.sessions()
