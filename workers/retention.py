@@ -147,14 +147,12 @@ class _Rules:
             query = query.where(_SNAP.c.session_id.in_(among))
         if self.journal:  # a turn of the session that has not ended: it may run again
             ended = _JOURNAL.alias("ended")
-            unended = (
-                exists()
-                .where(_JOURNAL.c.session_id == _SNAP.c.session_id)
-                .where(
-                    ~exists().where(ended.c.turn_id == _JOURNAL.c.turn_id, ended.c.key == REFUSED)
-                )
+            unended = select(_JOURNAL.c.session_id).where(
+                ~exists().where(ended.c.turn_id == _JOURNAL.c.turn_id, ended.c.key == REFUSED)
             )
-            query = query.where(~unended)
+            # not correlated: read once a statement (the journal has no index on
+            # session_id; a subquery run for each snapshot row would read it each time)
+            query = query.where(_SNAP.c.session_id.not_in(unended))
         if self.leases:  # a turn of a new message runs on it (not this prune's lease)
             leased = exists().where(
                 _LEASE.c.turn_id == "session:" + _SNAP.c.session_id, _LEASE.c.owner != self._owner

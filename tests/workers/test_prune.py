@@ -327,3 +327,37 @@ def test_a_claimed_pause_whose_resume_has_not_ended_is_kept_however_old(store: S
         conn.execute(update(SNAP).where(aged).values(updated_at=utcnow() - OLD))
     done, _ = prune_sessions(store.sql, OLD.total_seconds() - 3600)
     assert done.sessions == 1 and out.session_id not in store.sessions()
+
+
+def test_the_choice_of_sessions_reads_the_journal_once_not_once_a_snapshot(
+    tmp_path: Path,
+) -> None:
+    """The journal has no index on session_id: the turns a session has not ended are
+    found in one read of it a statement, not in one read for each snapshot row (SQLite
+    ran that: a store of 20,000 sessions with as many refused turns took minutes)."""
+    from sqlalchemy import event
+
+    from workers.retention import _Rules
+
+    sql = SqlSessionStore(f"sqlite:///{tmp_path / 'plan.db'}")
+    SqlTurnJournal(sql)
+    ran: list[tuple[str, Any]] = []
+
+    def keep(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        ran.append((statement, params))
+
+    try:
+        rules = _Rules(utcnow(), {SNAP.name, JOURNAL.name, LEASE.name})
+        with sql.engine.connect() as conn:
+            event.listen(conn, "before_cursor_execute", keep)
+            rules.sessions(conn, "", 10)
+            event.remove(conn, "before_cursor_execute", keep)
+            [(statement, params)] = ran
+            plan = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params).all()
+    finally:
+        sql.dispose()
+    steps = {row[0]: (row[1], str(row[3])) for row in plan}
+    scans = [parent for parent, detail in steps.values() if detail == "SCAN interlock_journal"]
+    assert scans, plan
+    for parent in scans:
+        assert not steps[parent][1].startswith("CORRELATED"), plan
