@@ -44,11 +44,15 @@ from interlock.stores.sql import metadata as store_metadata
 from interlock.stores.sql_journal import REFUSED, journal_metadata, session_lease
 from schemas import utcnow
 
-__all__ = ["PRUNE_BATCH", "Pruned", "prune_sessions"]
+__all__ = ["PRUNE_BATCH", "PRUNE_BATCH_MAX", "Pruned", "prune_sessions"]
 
 PRUNE_BATCH = 500
 """Sessions deleted per write transaction, by default: the write lock (SQLite) and the
 rows locked (PostgreSQL) are held for one batch, not the whole run."""
+PRUNE_BATCH_MAX = 10_000
+"""The most sessions a batch takes: a statement binds a batch's ids (three values a
+session for their leases), and PostgreSQL takes at most 65,535 values a statement,
+SQLite 32,766 (by default)."""
 
 _SNAP: Table = store_metadata.tables["interlock_snapshot"]
 _MSG: Table = store_metadata.tables["interlock_message"]
@@ -90,8 +94,8 @@ def prune_sessions(
     refusals that name no session and are older than that. `on_batch(total so far)`
     after each transaction. With `dry_run`, count what would go and change nothing.
     Returns the counts and the cutoff."""
-    if batch < 1:
-        raise ValueError("batch must be at least 1")
+    if not 1 <= batch <= PRUNE_BATCH_MAX:
+        raise ValueError(f"batch must be from 1 to {PRUNE_BATCH_MAX}")
     cutoff = utcnow() - timedelta(seconds=older_than)
     tables = set(inspect(store.engine).get_table_names())
     rules = _Rules(cutoff, tables)
@@ -221,13 +225,12 @@ class _Rules:
         (a turn of a new message waits for it, then finds the session gone); the ids of
         those taken."""
         until = utcnow() + timedelta(minutes=5)
-        taken: list[str] = []
-        for session in ids:
-            key = session_lease(session)
-            row = {"turn_id": key, "owner": self._owner, "expires_at": until}
-            if conn.execute(_insert_if_new(conn, row)).first() is not None:
-                taken.append(session)
-        return taken
+        rows = [
+            {"turn_id": session_lease(session), "owner": self._owner, "expires_at": until}
+            for session in ids
+        ]
+        taken = {str(row[0]) for row in conn.execute(_insert_if_new(conn, rows))}
+        return [session for session in ids if session_lease(session) in taken]
 
     def unattached(self, conn: Connection, dry_run: bool) -> Pruned:
         """The decision records and refusals that name no session, older than the cutoff."""
@@ -267,11 +270,13 @@ def _apply(conn: Connection, table: Table, where: Any, dry_run: bool) -> int:
     return int(conn.execute(delete(table).where(where)).rowcount)
 
 
-def _insert_if_new(conn: Connection, row: dict[str, Any]) -> Any:
+def _insert_if_new(conn: Connection, rows: list[dict[str, Any]]) -> Any:
+    """INSERT `rows` into the leases, each unless its key is there: the keys inserted
+    come back."""
     if conn.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-        return pg_insert(_LEASE).values(**row).on_conflict_do_nothing().returning(_LEASE.c.turn_id)
+        return pg_insert(_LEASE).values(rows).on_conflict_do_nothing().returning(_LEASE.c.turn_id)
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-    return sqlite_insert(_LEASE).values(**row).on_conflict_do_nothing().returning(_LEASE.c.turn_id)
+    return sqlite_insert(_LEASE).values(rows).on_conflict_do_nothing().returning(_LEASE.c.turn_id)

@@ -227,10 +227,16 @@ def test_prune_takes_a_duration_and_says_what_it_cannot_read(tmp_path: Path) -> 
         ("30x", "'30x' is not a duration"),
         ("0", "'0' is no length of time"),
         ("-5", "'-5' is not a duration"),
+        ("36501d", "'36501d' is too long: give at most 36500d"),
+        ("99999999999", "'99999999999' is too long"),
     ):
         ran = run_cli("prune", "--older-than", wrong, "--store", store)
         assert ran.returncode == 2, ran.describe()
         assert says in ran.stderr, ran.describe()
+    for batch in ("0", "10001"):  # a batch's ids are bound in one statement
+        ran = run_cli("prune", "--older-than", "1d", "--batch", batch, "--store", store)
+        assert ran.returncode == 2, ran.describe()
+        assert "is not in the range 1<=x<=10000" in ran.stderr, ran.describe()
     missing = run_cli("prune", "--store", store)
     assert missing.returncode == 2 and "--older-than" in missing.stderr, missing.describe()
     for given in ("90", "90s", "1.5m", "2h", "30d", "2W"):

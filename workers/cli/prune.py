@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ..retention import PRUNE_BATCH, PRUNE_BATCH_MAX
 from .base import (
     clear_errors,
     emit,
@@ -22,12 +23,14 @@ from .base import (
 )
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_LONGEST_DAYS = 36_500
+"""The longest retention (100 years): a cutoff a date can still hold."""
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.IGNORECASE)
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]  # (generic from click 8.2 only)
     """A length of time: a number of seconds, or a number with a unit (`90s`, `45m`,
-    `12h`, `30d`, `2w`); more than zero."""
+    `12h`, `30d`, `2w`); more than zero, and at most `_LONGEST_DAYS` days."""
 
     name = "duration"
 
@@ -46,6 +49,8 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # (generic from clic
             seconds = float(found.group(1)) * _UNITS[found.group(2).lower() or "s"]
         if seconds <= 0:
             self.fail(f"{value!r} is no length of time: give more than zero.", param, ctx)
+        if seconds > _LONGEST_DAYS * _UNITS["d"]:
+            self.fail(f"{value!r} is too long: give at most {_LONGEST_DAYS}d.", param, ctx)
         return seconds
 
 
@@ -60,15 +65,16 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # (generic from clic
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @click.option(
     "--batch",
-    default=None,
-    type=click.IntRange(min=1),
-    help="Sessions deleted per transaction.  [default: 500]",
+    default=PRUNE_BATCH,
+    show_default=True,
+    type=click.IntRange(min=1, max=PRUNE_BATCH_MAX),
+    help="Sessions deleted per transaction.",
 )
 @store_option
 @unused("--app")
 @unused("--broker")
 @clear_errors
-def prune(older_than: float, dry_run: bool, batch: int | None, store: str | None) -> None:
+def prune(older_than: float, dry_run: bool, batch: int, store: str | None) -> None:
     """Delete the sessions idle for longer than --older-than (their newest snapshot
     was written before then) that wait for nothing: no open interrupt, no claimed one
     whose resume has not ended, no turn running or to be retried. Their snapshots,
@@ -79,7 +85,7 @@ def prune(older_than: float, dry_run: bool, batch: int | None, store: str | None
     Prints its progress on stderr after each batch and, at the end, one JSON line of
     counts (`--dry-run`: what would be deleted)."""
     from ..audit import wire_time
-    from ..retention import PRUNE_BATCH, Pruned, prune_sessions
+    from ..retention import Pruned, prune_sessions
 
     url = store_url_of(store)
     missing = missing_sqlite_file(url)
@@ -105,7 +111,7 @@ def prune(older_than: float, dry_run: bool, batch: int | None, store: str | None
             emit({"store": _shown(url), "dry_run": dry_run, **Pruned().as_dict()})
             return
         done, cutoff = prune_sessions(
-            sql, older_than, batch=batch or PRUNE_BATCH, dry_run=dry_run, on_batch=progress
+            sql, older_than, batch=batch, dry_run=dry_run, on_batch=progress
         )
     finally:
         sql.dispose()
