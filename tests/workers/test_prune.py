@@ -199,6 +199,10 @@ def test_prune_deletes_the_sessions_idle_past_the_retention_that_wait_for_nothin
     again = run_cli("prune", "--older-than", "30d", "--store", store.url)
     assert again.returncode == 0, again.describe()
     assert {k: again.json_lines()[0][k] for k in expected} == dict.fromkeys(expected, 0)
+    # what is pruned is forgotten: a copy of a pruned turn's task would run again
+    # (docs/operations.md, "Retention")
+    begun = SqlTurnJournal(store.sql).begin("t-refused", "w9", 60, request="r")
+    assert begun.kind.value == "new", begun
 
 
 def test_prune_in_batches_reports_its_progress(store: Store) -> None:
