@@ -44,7 +44,7 @@ from interlock.stores.sql import metadata as store_metadata
 from interlock.stores.sql_journal import REFUSED, journal_metadata, session_lease
 from schemas import utcnow
 
-__all__ = ["PRUNE_BATCH", "PRUNE_BATCH_MAX", "Pruned", "prune_sessions"]
+__all__ = ["PRUNE_BATCH", "PRUNE_BATCH_MAX", "Pruned", "cutoff_of", "prune_sessions"]
 
 PRUNE_BATCH = 500
 """Sessions deleted per write transaction, by default: the write lock (SQLite) and the
@@ -96,7 +96,7 @@ def prune_sessions(
     Returns the counts and the cutoff."""
     if not 1 <= batch <= PRUNE_BATCH_MAX:
         raise ValueError(f"batch must be from 1 to {PRUNE_BATCH_MAX}")
-    cutoff = utcnow() - timedelta(seconds=older_than)
+    cutoff = cutoff_of(older_than)
     tables = set(inspect(store.engine).get_table_names())
     rules = _Rules(cutoff, tables)
     total = Pruned()
@@ -118,6 +118,12 @@ def prune_sessions(
         if len(ids) < batch:
             return total, cutoff
         after = ids[-1]
+
+
+def cutoff_of(older_than: float) -> datetime:
+    """The time before which a session idle for more than `older_than` seconds was last
+    written: now, less that."""
+    return utcnow() - timedelta(seconds=older_than)
 
 
 class _Rules:

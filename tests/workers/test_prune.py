@@ -19,6 +19,7 @@ from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, journal_metada
 from schemas import utcnow
 from tests.queue_helpers import run_cli
 from tests.sql_helpers import database_url
+from workers.audit import wire_time
 from workers.retention import Pruned, prune_sessions
 
 SNAP: Table = store_metadata.tables["interlock_snapshot"]
@@ -246,7 +247,9 @@ def test_prune_takes_a_duration_and_says_what_it_cannot_read(tmp_path: Path) -> 
     for given in ("90", "90s", "1.5m", "2h", "30d", "2W"):
         ran = run_cli("prune", "--older-than", given, "--store", store)
         assert ran.returncode == 0, ran.describe()
-        assert json.loads(ran.stdout)["sessions"] == 0
+        line = json.loads(ran.stdout)
+        assert line["sessions"] == 0 and line["dry_run"] is False, line
+        assert line["cutoff"].endswith("Z") and line["cutoff"] < wire_time(utcnow()), line
         assert "nothing to prune: no store at" in ran.stderr
     assert list(tmp_path.iterdir()) == []
 

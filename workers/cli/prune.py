@@ -91,7 +91,7 @@ def prune(older_than: float, dry_run: bool, batch: int, store: str | None) -> No
     missing = missing_sqlite_file(url)
     if missing is not None:  # nothing has run on it (and none is made)
         click.echo(f"nothing to prune: no store at {missing} yet", err=True)
-        emit({"store": _shown(url), "dry_run": dry_run, **Pruned().as_dict()})
+        _nothing(url, older_than, dry_run)
         return
     sql = read_store(url, server_timeout())
     verb = "would delete" if dry_run else "deleted"
@@ -108,7 +108,7 @@ def prune(older_than: float, dry_run: bool, batch: int, store: str | None) -> No
         empty = no_tables(store_tables(sql), url)
         if empty is not None:
             click.echo(f"nothing to prune: {empty}", err=True)
-            emit({"store": _shown(url), "dry_run": dry_run, **Pruned().as_dict()})
+            _nothing(url, older_than, dry_run)
             return
         done, cutoff = prune_sessions(
             sql, older_than, batch=batch, dry_run=dry_run, on_batch=progress
@@ -122,3 +122,12 @@ def _shown(url: str) -> str:
     from ..settings import redact_url
 
     return redact_url(url)
+
+
+def _nothing(url: str, older_than: float, dry_run: bool) -> None:
+    """The line of a prune that found no store, or no tables, to prune."""
+    from ..audit import wire_time
+    from ..retention import Pruned, cutoff_of
+
+    cutoff = wire_time(cutoff_of(older_than))
+    emit({"store": _shown(url), "cutoff": cutoff, "dry_run": dry_run, **Pruned().as_dict()})
