@@ -386,17 +386,46 @@ def test_health_gives_up_on_a_silent_store(silent: SilentServer, redis_url: str)
         ["migrate"],
         ["decide", "snap", "--token", "t", "--approve"],  # read with tries: tried once here
         ["resend", "snap"],
+        ["prune", "--older-than", "30d"],
+        ["worker", "--burst", "--app", APP],
+        ["resume-consumer", "--burst", "--app", APP],
     ],
-    ids=lambda args: args[0],
+    ids=lambda args: " ".join(args[:2]) if "--burst" in args else args[0],
 )
 def test_every_command_gives_up_on_a_silent_store(
     silent: SilentServer, redis_url: str, args: list[str]
 ) -> None:
     store, _ = store_urls(silent)
-    broker = ["--broker", redis_url] if args[0] in ("decide", "resend") else []
+    needs_broker = ("decide", "resend", "worker", "resume-consumer")
+    broker = ["--broker", redis_url] if args[0] in needs_broker else []
     proc, took = timed(*args, "--store", store, *broker)
     ended_unavailable(silent, proc, took, f"error: {store_line(silent)}")
     assert "connect_timeout" not in proc.stderr, "the URL is said as it was given"
+
+
+@pytest.mark.parametrize("command", ["worker", "resume-consumer"])
+def test_a_served_process_says_a_silent_store_and_starts(
+    silent: SilentServer, redis_url: str, command: str, tmp_path: Path
+) -> None:
+    """Served, the worker and the resume consumer check the store before they serve as
+    they check one that cannot be reached: a store that takes the connection and never
+    answers is said on stderr within the server timeout, and the process starts (the
+    store may answer later), where it waited at that check for good, saying nothing."""
+    store, shown = store_urls(silent)
+    extra = ["--pool", "solo"] if command == "worker" else []
+    flags = ["--app", APP, "--broker", redis_url, "--store", store]
+    started = time.monotonic()
+    service = Service(command, [command, *extra, *flags], tmp_path / f"{command}.log")
+    try:
+        service.wait_for('"starting"', timeout=BOUND)
+        took = time.monotonic() - started
+        said = service.output()
+        warned = f"warning: cannot reach the store: connection timeout expired ({shown})"
+        assert warned in said, service.tail()
+        assert took < BOUND, f"{took:.1f}s\n" + service.tail()
+        assert "secret" not in said, service.tail()
+    finally:
+        service.stop()
 
 
 def test_submit_wait_tells_a_silent_store_and_goes_on(silent: SilentServer, tmp_path: Path) -> None:

@@ -44,16 +44,18 @@ __all__: list[str] = []
 # -- long-running processes ---------------------------------------------------------------
 
 
-def _check_store(url: str, burst: bool, who: str) -> None:
+def _check_store(url: str, burst: bool, who: str, seconds: float) -> None:
     """Open the store once before serving. In burst mode (a batch job) a store that
     cannot be reached or used is one line (UNAVAILABLE), at once. Served, the process
     starts anyway (the store may come up later) but says so on stderr, where a wrong
     URL (a database that does not exist, say) would otherwise show only when a turn or
     decision fails. A store reached whose tables are not Interlock's (lacking columns,
     as `interlock migrate` checks) ends the process either way (FAILED_PRECONDITION):
-    waiting cannot mend them, and every turn or decision would fail on them."""
+    waiting cannot mend them, and every turn or decision would fail on them. A server
+    that takes the connection and does not answer within `seconds` (the server timeout)
+    counts as one that cannot be reached, for this check only."""
     try:
-        reach_store(url)
+        reach_store(url, seconds)
     except Exception as exc:
         said = error_line(exc)
         if burst or said is None or said[0] is Status.FAILED_PRECONDITION:
@@ -161,7 +163,7 @@ def worker(
     _check_heartbeat(settings)
     if burst:  # a batch job: no broker or store, one line (UNAVAILABLE), turns kept queued
         _reach_broker(settings)
-    _check_store(settings.store_url, burst, "worker")
+    _check_store(settings.store_url, burst, "worker", settings.server_timeout)
     _declare_first(settings, burst, "interlock.worker")
     emit(
         {
@@ -385,7 +387,7 @@ def resume_consumer(
     rt = consumer.rt
     rt.registry  # noqa: B018 - fail early on a bad --app
     _check_heartbeat(settings)
-    _check_store(settings.store_url, burst, "resume consumer")
+    _check_store(settings.store_url, burst, "resume consumer", settings.server_timeout)
     _declare_first(settings, burst, "interlock.consumer")
     maintenance = Maintenance(rt)
     maintenance.start(settings.relay_interval)  # at start-up, then periodically
