@@ -44,15 +44,10 @@ from interlock.stores.sql import metadata as store_metadata
 from interlock.stores.sql_journal import REFUSED, journal_metadata, session_lease
 from schemas import utcnow
 
+from .settings import PRUNE_BATCH, PRUNE_BATCH_MAX
+
 __all__ = ["PRUNE_BATCH", "PRUNE_BATCH_MAX", "Pruned", "cutoff_of", "prune_sessions"]
 
-PRUNE_BATCH = 500
-"""Sessions deleted per write transaction, by default: the write lock (SQLite) and the
-rows locked (PostgreSQL) are held for one batch, not the whole run."""
-PRUNE_BATCH_MAX = 10_000
-"""The most sessions a batch takes: a statement binds a batch's ids (three values a
-session for their leases), and PostgreSQL takes at most 65,535 values a statement,
-SQLite 32,766 (by default)."""
 
 _SNAP: Table = store_metadata.tables["interlock_snapshot"]
 _MSG: Table = store_metadata.tables["interlock_message"]

@@ -17,6 +17,14 @@ from interlock import Status, StatusError
 OUTBOX_RETENTION = 7 * 24 * 3600.0
 """`events.outbox.RETENTION` (a week), said again here so that reading the settings
 does not load SQLAlchemy; a test holds the two equal."""
+PRUNE_BATCH = 500
+"""Sessions `interlock prune` deletes per write transaction, by default: the write lock
+(SQLite) and the rows locked (PostgreSQL) are held for one batch, not the whole run.
+Here, not in `workers.retention`, so that the command line loads no SQLAlchemy."""
+PRUNE_BATCH_MAX = 10_000
+"""The most sessions a batch takes: a statement binds a batch's ids (three values a
+session for their leases), and PostgreSQL takes at most 65,535 values a statement,
+SQLite 32,766 (by default)."""
 
 __all__ = [
     "NO_ANSWER_HINT",

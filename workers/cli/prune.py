@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..retention import PRUNE_BATCH, PRUNE_BATCH_MAX
+from ..settings import PRUNE_BATCH, PRUNE_BATCH_MAX
 from .base import (
     clear_errors,
     emit,
