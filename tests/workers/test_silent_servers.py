@@ -35,11 +35,14 @@ from workers.settings import (
 from workers.turns import new_turn_request, run_turn
 
 BOUND = 15.0
-"""Seconds a command may take against a silent server: its 5 s timeout, the start of
+"""Seconds a command may take against a silent server: its timeout (5 s at most), the start of
 the process, and room for a busy machine. Trying the silent server again (four reads
 of the store: over 20 s) or waiting without end (the subprocess is stopped after
 `HANG`) fails the test."""
 HANG = 60.0
+QUICK = 2
+"""The server timeout most tests run their commands with (the least it may be): what
+they check holds for any timeout, and the default one is checked where it is said."""
 
 
 class SilentServer:
@@ -113,11 +116,11 @@ def timed(
     *args: str, env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """Run `interlock ARGS` to its end (at most `HANG` seconds); it and the seconds it
-    took."""
+    took. By default with a server timeout of `QUICK` seconds (`env` gives its own)."""
     started = time.monotonic()
     proc = subprocess.run(
         [interlock_bin(), *args],
-        env=env if env is not None else child_env(),
+        env=env if env is not None else child_env(INTERLOCK_SERVER_TIMEOUT=str(QUICK)),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -196,7 +199,9 @@ def token_hash(store: str, snapshot_id: str) -> str | None:
 
 def test_health_gives_up_on_a_silent_broker(silent: SilentServer, tmp_path: Path) -> None:
     broker = f"redis://127.0.0.1:{silent.port}/0"
-    proc, took = timed("health", "--broker", broker, "--store", f"sqlite:///{tmp_path}/h.db")
+    proc, took = timed(  # the default timeout: 5 s
+        "health", "--broker", broker, "--store", f"sqlite:///{tmp_path}/h.db", env=child_env()
+    )
     ended_unavailable(
         silent, proc, took, f"error: UNAVAILABLE: unhealthy: broker error: {broker_line(silent)}"
     )
@@ -296,9 +301,9 @@ def test_a_publish_gives_up_on_a_broker_that_stalls_after_answering(
 @pytest.mark.parametrize(
     ("args", "seconds"),
     [
-        (["worker", "--pool", "solo"], 5),
-        (["resume-consumer"], 5),
-        (["worker", "--burst", "--pool", "solo"], 5),
+        (["worker", "--pool", "solo"], 5),  # the default
+        (["resume-consumer"], QUICK),
+        (["worker", "--burst", "--pool", "solo"], QUICK),
         (["resume-consumer", "--burst"], 3),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else f"{v}s",
@@ -415,7 +420,8 @@ def test_a_served_process_says_a_silent_store_and_starts(
     extra = ["--pool", "solo"] if command == "worker" else []
     flags = ["--app", APP, "--broker", redis_url, "--store", store]
     started = time.monotonic()
-    service = Service(command, [command, *extra, *flags], tmp_path / f"{command}.log")
+    quick = child_env(INTERLOCK_SERVER_TIMEOUT=str(QUICK))
+    service = Service(command, [command, *extra, *flags], tmp_path / f"{command}.log", quick)
     try:
         service.wait_for('"starting"', timeout=BOUND)
         took = time.monotonic() - started
@@ -425,7 +431,7 @@ def test_a_served_process_says_a_silent_store_and_starts(
         assert took < BOUND, f"{took:.1f}s\n" + service.tail()
         assert "secret" not in said, service.tail()
     finally:
-        service.stop()
+        service.kill()  # its store never answers: nothing to stop gracefully
 
 
 def test_submit_wait_tells_a_silent_store_and_goes_on(silent: SilentServer, tmp_path: Path) -> None:
