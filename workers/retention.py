@@ -8,8 +8,8 @@ it holds the session's lease (a new message running), and the journal holds no e
 a turn of it that has not ended (a run that died, to be retried). Its snapshots, their
 messages, its decision records and the journal's refusals of its turns are deleted
 together, a batch of sessions per write transaction. Decision records and refusals that
-name no session (a malformed decision, an unknown snapshot) are deleted once received
-before the cutoff.
+name no session (a malformed decision, an unknown snapshot), or one the store holds no
+snapshot of, are deleted once received before the cutoff.
 
 While a batch is deleted, it holds the lease of each of its sessions, as a turn of a
 new message does: such a turn, sent to a session as it is pruned, either starts before
@@ -86,9 +86,9 @@ def prune_sessions(
 ) -> tuple[Pruned, datetime]:
     """Delete the sessions idle for more than `older_than` seconds and settled (the
     module's docstring), `batch` sessions a transaction, then the decision records and
-    refusals that name no session and are older than that. `on_batch(total so far)`
-    after each transaction. With `dry_run`, count what would go and change nothing.
-    Returns the counts and the cutoff."""
+    refusals older than that which name no session, or one with no snapshot.
+    `on_batch(total so far)` after each transaction. With `dry_run`, count what would
+    go and change nothing. Returns the counts and the cutoff."""
     if not 1 <= batch <= PRUNE_BATCH_MAX:
         raise ValueError(f"batch must be from 1 to {PRUNE_BATCH_MAX}")
     cutoff = cutoff_of(older_than)
@@ -234,16 +234,20 @@ class _Rules:
         return [session for session in ids if session_lease(session) in taken]
 
     def unattached(self, conn: Connection, dry_run: bool) -> Pruned:
-        """The decision records and refusals that name no session, older than the cutoff."""
+        """The decision records and refusals older than the cutoff that name no session,
+        or a session the store holds no snapshot of (a turn refused before a session's
+        first snapshot, a session pruned before)."""
         found = Pruned()
         if self.decisions:
-            where = and_(_DECISION.c.session_id.is_(None), _DECISION.c.received_at < self.cutoff)
+            named = _DECISION.c.session_id
+            where = and_(_DECISION.c.received_at < self.cutoff, or_(named.is_(None), _none(named)))
             found.decisions = _apply(conn, _DECISION, where, dry_run)
         if self.journal:
+            named = _JOURNAL.c.session_id
             where = and_(
                 _JOURNAL.c.key == REFUSED,
-                _JOURNAL.c.session_id == "",
                 _JOURNAL.c.created_at < self.cutoff,
+                or_(named == "", _none(named)),
             )
             if not dry_run:  # the turns' other entry (their request) first
                 turns = select(_JOURNAL.c.turn_id).where(where).scalar_subquery()
@@ -251,6 +255,11 @@ class _Rules:
                 conn.execute(delete(_JOURNAL).where(requests))
             found.refusals = _apply(conn, _JOURNAL, where, dry_run)
         return found
+
+
+def _none(session_id: Any) -> Any:
+    """The store holds no snapshot of the session `session_id` (a column) names."""
+    return ~exists().where(_SNAP.c.session_id == session_id)
 
 
 def _in(column: Any) -> Any:

@@ -67,6 +67,9 @@ class Store:
                 ("", "t-unnamed-old", "request", old),
                 ("", "t-unnamed-old", REFUSED, old),
                 ("", "t-unnamed-new", REFUSED, now),
+                ("s-never", "t-first", "request", old),  # refused before a first snapshot
+                ("s-never", "t-first", REFUSED, old),
+                ("s-never-new", "t-first-new", REFUSED, now),
             ]
             for session, turn, key, when in journal:
                 row = {"turn_id": turn, "key": key, "session_id": session, "created_at": when}
@@ -76,6 +79,8 @@ class Store:
                 ("d-paused", self.paused, old),
                 ("d-unnamed-old", None, old),
                 ("d-unnamed-new", None, now),
+                ("d-sessionless-old", "s-no-snapshot", old),
+                ("d-sessionless-new", "s-no-snapshot", now),
             ]
             for decision_id, named, when in decisions:
                 conn.execute(
@@ -152,8 +157,9 @@ def test_prune_deletes_the_sessions_idle_past_the_retention_that_wait_for_nothin
         "sessions": 3,
         "snapshots": their_snapshots,
         "messages": their_messages,
-        "decisions": 2,  # the completed session's, and the old one that names none
-        "refusals": 2,  # the refused turn of a pruned session, and the old unnamed one
+        "decisions": 3,  # the completed session's, and the old ones that name none or a
+        # session with no snapshot
+        "refusals": 3,  # a pruned session's, and the old ones of no session or none stored
     }
     assert their_messages > their_snapshots > 3
 
@@ -179,8 +185,8 @@ def test_prune_deletes_the_sessions_idle_past_the_retention_that_wait_for_nothin
     }
     assert after["snapshots"] == before["snapshots"] - their_snapshots
     assert after["messages"] == before["messages"] - their_messages
-    assert after["decisions"] == {"d-paused", "d-unnamed-new"}
-    assert after["journal"] == {"t-running", "t-unnamed-new"}
+    assert after["decisions"] == {"d-paused", "d-unnamed-new", "d-sessionless-new"}
+    assert after["journal"] == {"t-running", "t-unnamed-new", "t-first-new"}
     assert after["leases"] == {session_lease(store.leased)}, "its own leases are let go"
     with store.sql.engine.connect() as conn:
         orphans = select(func.count()).where(~MSG.c.snapshot_id.in_(select(SNAP.c.snapshot_id)))
@@ -212,7 +218,7 @@ def test_prune_in_batches_reports_its_progress(store: Store) -> None:
     done, cutoff = prune_sessions(
         store.sql, OLD.total_seconds() - 3600, batch=1, on_batch=lambda p: progress.append(p)
     )
-    assert done.sessions == 3 and done.decisions == 2 and done.refusals == 2
+    assert done.sessions == 3 and done.decisions == 3 and done.refusals == 3
     assert [p.sessions for p in progress][:3] == [1, 2, 3]
     assert utcnow() - cutoff >= OLD - timedelta(hours=1, seconds=5)
     assert store.sessions() == {store.paused, store.leased, store.running, store.recent}

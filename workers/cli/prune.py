@@ -79,8 +79,8 @@ def prune(older_than: float, dry_run: bool, batch: int, store: str | None) -> No
     was written before then) that wait for nothing: no open interrupt, no claimed one
     whose resume has not ended, no turn running or to be retried. Their snapshots,
     messages and decision records go, and so do the decision records and refused turns
-    that name no session and are older than that. Sessions that wait on a reviewer are
-    kept, however old.
+    older than that which name no session, or one the store holds no snapshot of.
+    Sessions that wait on a reviewer are kept, however old.
 
     Prints its progress on stderr after each batch and, at the end, one JSON line of
     counts (`--dry-run`: what would be deleted)."""
