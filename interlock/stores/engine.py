@@ -37,6 +37,12 @@ __all__ = ["PING_AFTER", "end_write", "make_engine", "sqlite_file"]
 _log = logging.getLogger("interlock.stores.sql")
 
 
+PG_CONNECT_TIMEOUT = 10
+"""Seconds a new PostgreSQL connection may take (libpq's `connect_timeout`, unless the
+URL gives its own): a server that takes the connection and never answers fails the
+transaction that wanted it, a store failure the caller retries, where psycopg would wait
+for minutes, or for good."""
+
 _RELAXED = "SET LOCAL synchronous_commit TO OFF"
 """What a relaxed write transaction runs first on PostgreSQL."""
 
@@ -52,8 +58,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     SQLite URL shares one connection, one thread at a time. `?synchronous=normal` (or `off`, `full`,
     `extra`) in a SQLite URL sets that pragma on every connection; SQLite's default,
     FULL, waits for the disk at every commit. PostgreSQL (`postgresql+psycopg://...`):
-    a pooled connection that sat idle for `PING_AFTER` seconds or more is pinged before
-    use (`pool_pre_ping=True` pings at every checkout instead).
+    connecting gives up after `PG_CONNECT_TIMEOUT` seconds (unless the URL says
+    `connect_timeout`), and a pooled connection that sat idle for `PING_AFTER` seconds
+    or more is pinged before use (`pool_pre_ping=True` pings at every checkout instead).
 
     Both hand out the most recently returned pooled connection first (`pool_use_lifo`,
     unless `poolclass` is given): a thread doing one transaction after another keeps
@@ -66,6 +73,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         kwargs.setdefault("pool_use_lifo", True)
     if sa_url.get_backend_name() == "postgresql":
         ping_idle = "pool_pre_ping" not in kwargs
+        if "connect_timeout" not in sa_url.query:
+            pg_args = dict(kwargs.pop("connect_args", {}))
+            pg_args.setdefault("connect_timeout", PG_CONNECT_TIMEOUT)
+            kwargs["connect_args"] = pg_args
         pg_engine = create_engine(sa_url, **kwargs)
         if ping_idle:
             _ping_when_idle(pg_engine)

@@ -434,6 +434,39 @@ def test_a_served_process_says_a_silent_store_and_starts(
         service.kill()  # its store never answers: nothing to stop gracefully
 
 
+def test_a_store_connection_gives_up_on_a_silent_server(
+    silent: SilentServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store of a long-running process (no one-shot timeout in its URL) gives up
+    connecting to a PostgreSQL server that never answers after `PG_CONNECT_TIMEOUT`: a
+    store failure its caller retries, where psycopg waited for good."""
+    from sqlalchemy.exc import OperationalError
+
+    import interlock.stores.engine
+
+    monkeypatch.setattr(interlock.stores.engine, "PG_CONNECT_TIMEOUT", QUICK, raising=False)
+    store = SqlSessionStore(store_urls(silent)[0], create_tables=False)
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            store.get_latest_snapshot("s-silent")
+        except BaseException as exc:
+            failed.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    try:
+        reader.start()
+        reader.join(BOUND)
+        assert not reader.is_alive(), f"still connecting after {BOUND} s"
+        [error] = failed
+        assert isinstance(error, OperationalError), repr(error)
+        assert "timeout expired" in str(error), error
+        assert silent.accepted >= 1
+    finally:
+        store.dispose()
+
+
 def test_submit_wait_tells_a_silent_store_and_goes_on(silent: SilentServer, tmp_path: Path) -> None:
     """`submit --file --wait` reads the store for the turn ids a file gives: a silent
     store is said on stderr within the timeout, and the turns are sent and waited for."""
