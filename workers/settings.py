@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -13,6 +12,7 @@ from kombu.connection import Connection
 
 from events.redis_transport import transport_for
 from interlock import Status, StatusError
+from interlock.stores.secrets import is_secret_parameter
 
 OUTBOX_RETENTION = 7 * 24 * 3600.0
 """`events.outbox.RETENTION` (a week), said again here so that reading the settings
@@ -322,15 +322,10 @@ def one_shot_store_url(url: str, seconds: float) -> str:
     return bounded.render_as_string(hide_password=False)
 
 
-_SECRET_PARAMETER = re.compile(r"(password|passwd|secret|token)$", re.IGNORECASE)
-"""The names of the query parameters whose value is a secret: libpq's `password` and
-`sslpassword` (psycopg takes both in the query string), redis-py's `password`, ..."""
-
-
 def redact_url(url: str) -> str:
     """`url` with its secrets hidden, for messages and output: the password of its user
     (`redis://:***@host`) and the value of a query parameter that holds one
-    (`?password=***`, `?sslpassword=***`; `_SECRET_PARAMETER`); the rest as given. Each
+    (`?password=***`, `?sslpassword=***`; `is_secret_parameter`); the rest as given. Each
     URL of a failover list (`URL;URL`) alike."""
     parts = url.split(";")
     if len(parts) > 1 and all("://" in part for part in parts):
@@ -362,6 +357,6 @@ def _hide_secret(param: str) -> str:
     """A query parameter (`name=value`), its value hidden when the name says it is a
     secret."""
     name, equals, _ = param.partition("=")
-    if equals and _SECRET_PARAMETER.search(unquote(name)):
+    if equals and is_secret_parameter(unquote(name)):
         return f"{name}=***"
     return param

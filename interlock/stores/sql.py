@@ -71,6 +71,7 @@ from .base import snapshot_filters
 from .engine import make_engine, sqlite_file
 from .fast import FastStatement
 from .held import HeldConnections
+from .secrets import is_secret_parameter
 
 __all__ = [
     "MessageRow",
@@ -166,10 +167,6 @@ class MessageRow(_Row, table=True):
     idx: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
     body: str = Field(sa_column=Column(Text, nullable=False))
 
-
-_SECRET_PARAMETERS = ("password", "passwd", "secret", "token")
-"""How the names of URL query parameters that hold a secret end (libpq's `password` and
-`sslpassword`): `repr` hides their values."""
 
 _SNAP: Table = metadata.tables["interlock_snapshot"]
 _MSG: Table = metadata.tables["interlock_message"]
@@ -390,7 +387,7 @@ class SqlSessionStore:
 
     def __repr__(self) -> str:
         url = self.engine.url
-        secrets = {k: "***" for k in url.query if k.lower().endswith(_SECRET_PARAMETERS)}
+        secrets = {k: "***" for k in url.query if is_secret_parameter(k)}
         shown = url.update_query_dict(secrets) if secrets else url
         text = shown.render_as_string(hide_password=True).replace("=%2A%2A%2A", "=***")
         return f"SqlSessionStore({text!r})"
