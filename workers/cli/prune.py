@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..settings import PRUNE_BATCH, PRUNE_BATCH_MAX
+from ..settings import PRUNE_BATCH, PRUNE_BATCH_MAX, redact_url
 from .base import (
     clear_errors,
     emit,
@@ -21,6 +22,9 @@ from .base import (
     store_url_of,
     unused,
 )
+
+if TYPE_CHECKING:
+    from ..retention import Pruned
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _LONGEST_DAYS = 36_500
@@ -84,14 +88,13 @@ def prune(older_than: float, dry_run: bool, batch: int, store: str | None) -> No
 
     Prints its progress on stderr after each batch and, at the end, one JSON line of
     counts (`--dry-run`: what would be deleted)."""
-    from ..audit import wire_time
-    from ..retention import Pruned, prune_sessions
+    from ..retention import Pruned, cutoff_of, prune_sessions
 
     url = store_url_of(store)
     missing = missing_sqlite_file(url)
     if missing is not None:  # nothing has run on it (and none is made)
         click.echo(f"nothing to prune: no store at {missing} yet", err=True)
-        _nothing(url, older_than, dry_run)
+        _report(url, cutoff_of(older_than), dry_run, Pruned())
         return
     sql = read_store(url, server_timeout())
     verb = "would delete" if dry_run else "deleted"
@@ -108,26 +111,25 @@ def prune(older_than: float, dry_run: bool, batch: int, store: str | None) -> No
         empty = no_tables(store_tables(sql), url)
         if empty is not None:
             click.echo(f"nothing to prune: {empty}", err=True)
-            _nothing(url, older_than, dry_run)
+            _report(url, cutoff_of(older_than), dry_run, Pruned())
             return
         done, cutoff = prune_sessions(
             sql, older_than, batch=batch, dry_run=dry_run, on_batch=progress
         )
     finally:
         sql.dispose()
-    emit({"store": _shown(url), "cutoff": wire_time(cutoff), "dry_run": dry_run, **done.as_dict()})
+    _report(url, cutoff, dry_run, done)
 
 
-def _shown(url: str) -> str:
-    from ..settings import redact_url
-
-    return redact_url(url)
-
-
-def _nothing(url: str, older_than: float, dry_run: bool) -> None:
-    """The line of a prune that found no store, or no tables, to prune."""
+def _report(url: str, cutoff: datetime, dry_run: bool, done: Pruned) -> None:
+    """The command's JSON line: the store, the cutoff, and what was (or would be) deleted."""
     from ..audit import wire_time
-    from ..retention import Pruned, cutoff_of
 
-    cutoff = wire_time(cutoff_of(older_than))
-    emit({"store": _shown(url), "cutoff": cutoff, "dry_run": dry_run, **Pruned().as_dict()})
+    emit(
+        {
+            "store": redact_url(url),
+            "cutoff": wire_time(cutoff),
+            "dry_run": dry_run,
+            **done.as_dict(),
+        }
+    )
