@@ -34,6 +34,11 @@ __all__ = ["Turn", "TurnResult"]
 
 Emit = Callable[[AgentChunk], None]
 
+_TOOL_FAILURES = (ToolFailedError, ToolNotFoundError)
+"""What a tool call fails with. Every call of a model message runs even when one fails
+(§3: all tool calls of one model message are executed); the first failure then fails
+the turn. Anything else (a store or journal error) stops the turn at once."""
+
 
 @dataclass
 class TurnResult:
@@ -105,6 +110,7 @@ class Turn:
         responses: list[Part] = []
         executed: list[Part] = []  # restarted tools that ran to an output in this turn
         repaused = False
+        failed: InterlockError | None = None
         for part in paused.content:
             req = part.tool_request
             if req is None:
@@ -122,7 +128,11 @@ class Turn:
                 if answer.kind == "respond":
                     response = answer.part
                 else:
-                    outcome = self._call(part, meta, resumed=answer.resumed, restarted=True)
+                    try:
+                        outcome = self._call(part, meta, resumed=answer.resumed, restarted=True)
+                    except _TOOL_FAILURES as exc:  # the other restarts still run
+                        failed = failed or exc
+                        continue
                     meta = outcome.metadata
                     if outcome.interrupt is not None:
                         meta["interrupt"] = outcome.interrupt
@@ -139,6 +149,8 @@ class Turn:
                     meta["pendingMetadata"] = response.metadata
             parts.append(part.model_copy(update={"metadata": meta or None}))
 
+        if failed is not None:
+            raise failed
         if repaused:
             return self._pause(parts, executed)
         resolved = [_without_pending(p) for p in parts]
@@ -159,12 +171,17 @@ class Turn:
             parts: list[Part] = []
             responses: list[Part] = []
             paused = False
+            failed: InterlockError | None = None
             for part in message.content:
                 req = part.tool_request
                 if req is None:
                     parts.append(part)
                     continue
-                outcome = self._call(part, dict(part.metadata or {}))
+                try:
+                    outcome = self._call(part, dict(part.metadata or {}))
+                except _TOOL_FAILURES as exc:  # the other calls still run, as in Genkit
+                    failed = failed or exc
+                    continue
                 meta = outcome.metadata
                 if outcome.interrupt is not None:
                     meta["interrupt"] = outcome.interrupt
@@ -173,6 +190,8 @@ class Turn:
                     meta["pendingOutput"] = outcome.output
                     responses.append(_response(req.name, req.ref, outcome.output))
                 parts.append(part.model_copy(update={"metadata": meta}))
+            if failed is not None:  # the first failure, in the message's order, fails the turn
+                raise failed
             if paused:
                 return self._pause(parts, responses)
             self._append_tool_message(responses)

@@ -18,6 +18,7 @@ from examples.banking import (
     transferMoney,
 )
 from interlock import (
+    AgentInput,
     FinishReason,
     InMemorySessionStore,
     Interlock,
@@ -134,6 +135,78 @@ def test_ordinary_exception_fails_the_turn() -> None:
     assert status_of(info.value) is Status.INTERNAL
     assert status_of(info.value.__cause__) is Status.UNKNOWN
     assert info.value.message == "tool 'boom' failed: kaput"
+
+
+def test_every_call_of_the_message_runs_before_the_first_failure_fails_the_turn() -> None:
+    """§3: all tool calls of one model message are executed. A call that fails does not
+    keep the others from running (Genkit starts them all); the first failure, in the
+    message's order, fails the turn, even beside a call that interrupted."""
+    ai = Interlock()
+    ran: list[str] = []
+
+    @ai.tool(name="boom", description="")
+    def boom(inp: Num) -> Result:
+        ran.append(f"boom{inp.n}")
+        raise ValueError(f"kaput {inp.n}")
+
+    @ai.tool(name="note", description="")
+    def note(inp: Num) -> Result:
+        ran.append(f"note{inp.n}")
+        return Result(value=inp.n)
+
+    @ai.interruptible_tool(name="ask", description="")
+    def ask(inp: Num, res: Result | None) -> Result:
+        ran.append(f"ask{inp.n}")
+        interrupt({"n": inp.n})
+        return Result(value=0)
+
+    calls = [
+        scripted.tool_call("note", {"n": 1}),
+        scripted.tool_call("boom", {"n": 2}),
+        scripted.tool_call("ask", {"n": 3}),
+        scripted.tool_call("ghost", {}),
+        scripted.tool_call("boom", {"n": 4}),
+        scripted.tool_call("note", {"n": 5}),
+    ]
+    scripted.define(ai, "m", [scripted.reply(*calls)])
+    store = InMemorySessionStore()
+    agent = ai.define_agent("x", model="scripted/m", tools=[boom, note, ask], store=store)
+    with pytest.raises(ToolFailedError) as info:
+        agent.run_text("go")
+    assert ran == ["note1", "boom2", "ask3", "boom4", "note5"]
+    assert info.value.tool_name == "boom"
+    assert info.value.message == "tool 'boom' failed: kaput 2"
+    [failed] = store.list_snapshots(status=SnapshotStatus.FAILED)
+    assert failed.finish_reason is FinishReason.FAILED
+    assert store.list_snapshots(finish_reason=FinishReason.INTERRUPTED) == []
+
+
+def test_every_restart_of_a_resume_runs_before_the_first_failure_fails_the_turn() -> None:
+    ai = Interlock()
+    ran: list[str] = []
+
+    @ai.interruptible_tool(name="ask", description="")
+    def ask(inp: Num, res: Result | None) -> Result:
+        if res is None:
+            interrupt({"n": inp.n})
+        ran.append(f"ask{inp.n}")
+        if inp.n == 1:
+            raise RuntimeError("no")
+        return Result(value=inp.n)
+
+    calls = [scripted.tool_call("ask", {"n": 1}), scripted.tool_call("ask", {"n": 2})]
+    scripted.define(ai, "m", [scripted.reply(*calls), scripted.text("done")])
+    store = InMemorySessionStore()
+    agent = ai.define_agent("x", model="scripted/m", tools=[ask], store=store)
+    paused = agent.run_text("go")
+    assert paused.finish_reason is FinishReason.INTERRUPTED
+    restarts = [ask.restart(p, Result(value=0)) for p in paused.interrupts]
+    with pytest.raises(ToolFailedError, match="tool 'ask' failed: no"):
+        agent.run(AgentInput(resume=ToolResume(restart=restarts)), session_id=paused.session_id)
+    assert ran == ["ask1", "ask2"]
+    # §4 rule 9: the claim is released, the pause can be answered again
+    open_pauses = store.list_snapshots(finish_reason=FinishReason.INTERRUPTED, claimed=False)
+    assert [s.snapshot_id for s in open_pauses] == [paused.snapshot_id]
 
 
 def test_invalid_tool_input_from_the_model() -> None:
