@@ -296,6 +296,19 @@ def test_agent_output_roundtrip_and_interrupts() -> None:
     assert out.text == "I need your approval first."
 
 
+def test_model_dump_is_the_wire_form_and_by_alias_false_the_python_names() -> None:
+    """As docs/concepts.md says: the default dump is camelCase with None left out."""
+    out = AgentOutput(finish_reason=FinishReason.STOP, session_id="s1")
+    assert out.model_dump(mode="json") == {"finishReason": "stop", "sessionId": "s1"}
+    assert json.loads(out.model_dump_json()) == {"finishReason": "stop", "sessionId": "s1"}
+    assert out.model_dump(mode="json", by_alias=False) == {
+        "finish_reason": "stop",
+        "session_id": "s1",
+    }
+    assert Part(text="hi").model_dump() == {"text": "hi"}
+    assert AgentOutput.model_validate(out.model_dump(mode="json", by_alias=False)) == out
+
+
 def test_agent_output_state_and_error() -> None:
     wire = {
         "finishReason": "failed",
