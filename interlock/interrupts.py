@@ -131,9 +131,16 @@ def _request_of(part: Part, what: str) -> ToolRequest:
 
 
 def respond(part: Part, output: Any, metadata: dict[str, Any] | None = None) -> Part:
-    """A tool-response part that answers the interrupt `part` with `output`."""
+    """A tool-response part that answers the interrupt `part` with `output`. It is
+    marked `metadata.interruptResponse`: `true`, or the `metadata` given, as Genkit's
+    `RespondOptions.Metadata` is."""
     req = _request_of(part, "respond")
-    meta = {**(metadata or {}), "interruptResponse": True}
+    marker: Any = True
+    if metadata is not None:
+        marker = json_of(metadata, "respond metadata")
+        if not isinstance(marker, dict):
+            raise StatusError(Status.INVALID_ARGUMENT, "respond metadata must be a JSON object")
+    meta = {"interruptResponse": marker}
     value = json_of(output, "respond output")
     return Part(
         tool_response=ToolResponse(name=req.name, ref=req.ref, output=value),

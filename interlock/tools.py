@@ -219,7 +219,8 @@ class Tool(Generic[In, Out]):
         return interrupt_as(part, type_ if type_ is not None else dict[str, Any])
 
     def respond(self, part: Part, output: Any, metadata: dict[str, Any] | None = None) -> Part:
-        """Answer the interrupt with the tool's output, without running the tool."""
+        """Answer the interrupt with the tool's output, without running the tool
+        (`metadata` becomes the value of the part's `metadata.interruptResponse`)."""
         self._own(part)
         return respond(part, self.check_output(output), metadata)
 

@@ -539,7 +539,13 @@ def test_respond_builds_a_marked_tool_response() -> None:
     assert answer.tool_response == ToolResponse(
         name="transferMoney", ref="1", output={"success": True, "transactionId": "t"}
     )
-    assert answer.metadata == {"by": "alice", "interruptResponse": True}
+    # as Genkit's RespondOptions.Metadata: the value of the marker
+    assert answer.metadata == {"interruptResponse": {"by": "alice"}}
+    assert transferMoney.respond(part, TransferOutput(success=False)).metadata == {
+        "interruptResponse": True
+    }
+    with pytest.raises(StatusError, match="respond metadata must be a JSON object"):
+        respond(part, {}, cast(Any, ["not", "an", "object"]))
     # JSON as it stands
     assert answer.model_dump(mode="json")["toolResponse"]["output"]["transactionId"] == "t"
 
