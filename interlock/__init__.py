@@ -52,7 +52,7 @@ from .middleware import Middleware, ToolApproval, approve, deny, is_approval_gat
 from .models import FunctionModel, Model, ModelError, RetryPolicy, scripted
 from .registry import Interlock
 from .state import RandomSecretWarning
-from .stores import InMemorySessionStore, LatestSnapshotId, SessionStore
+from .stores import InMemorySessionStore, LatestSnapshotId, SessionStore, SnapshotHeads
 from .tools import InterruptibleTool, Tool
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ __all__ = [
     "RetryPolicy",
     "SessionStore",
     "Snapshot",
+    "SnapshotHeads",
     "SnapshotNotFoundError",
     "SnapshotStatus",
     "SqlSessionStore",

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import LatestSnapshotId, SessionStore
+from .base import LatestSnapshotId, SessionStore, SnapshotHeads
 from .memory import InMemorySessionStore
 
 if TYPE_CHECKING:
     from .sql import SqlSessionStore
 
-__all__ = ["InMemorySessionStore", "LatestSnapshotId", "SessionStore", "SqlSessionStore"]
+__all__ = [
+    "InMemorySessionStore",
+    "LatestSnapshotId",
+    "SessionStore",
+    "SnapshotHeads",
+    "SqlSessionStore",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,7 @@ from schemas import FinishReason, Snapshot, SnapshotStatus, Status
 
 from ..errors import StatusError
 
-__all__ = ["LatestSnapshotId", "SessionStore", "snapshot_filters"]
+__all__ = ["LatestSnapshotId", "SessionStore", "SnapshotHeads", "snapshot_filters"]
 
 
 @runtime_checkable
@@ -61,6 +61,34 @@ class LatestSnapshotId(Protocol):
 
     def latest_snapshot_id(self, session_id: str) -> str | None:
         """The id of the snapshot `get_latest_snapshot(session_id)` returns, or None."""
+        ...
+
+
+@runtime_checkable
+class SnapshotHeads(Protocol):
+    """What a store may offer besides `SessionStore`: snapshots without their history
+    (heads: every field as `get_snapshot` has it, but `messages` left empty). An agent
+    asks for heads where it needs only a snapshot's session, status or pause: the
+    session a `snapshot_id=` names, whether a session is paused beside the snapshot a
+    new message branches from, the turn an expired pause started from. Without them,
+    it reads those snapshots whole. Both stores here have them.
+
+    A head is for reading only: saved, it would replace the snapshot's history with
+    none."""
+
+    def get_snapshot_head(self, snapshot_id: str) -> Snapshot | None:
+        """`get_snapshot(snapshot_id)` with its history unread (`messages` empty)."""
+        ...
+
+    def list_snapshot_heads(
+        self,
+        session_id: str | None = None,
+        status: SnapshotStatus | None = None,
+        finish_reason: FinishReason | None = None,
+        claimed: bool | None = None,
+        limit: int = 100,
+    ) -> list[Snapshot]:
+        """`list_snapshots(...)` with the histories unread (`messages` empty)."""
         ...
 
 

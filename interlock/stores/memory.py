@@ -182,6 +182,36 @@ class InMemorySessionStore:
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
+        picked = self._pick(session_id, status, finish_reason, claimed, limit)
+        return [_snapshot(fields) for fields in picked]
+
+    def get_snapshot_head(self, snapshot_id: str) -> Snapshot | None:
+        """`get_snapshot` with the history unread: `messages` is empty (`SnapshotHeads`)."""
+        with self._lock:
+            found = self._snapshots.get(snapshot_id)
+            return found.fields()[0] if found is not None else None
+
+    def list_snapshot_heads(
+        self,
+        session_id: str | None = None,
+        status: SnapshotStatus | None = None,
+        finish_reason: FinishReason | None = None,
+        claimed: bool | None = None,
+        limit: int = 100,
+    ) -> list[Snapshot]:
+        """`list_snapshots` with the histories unread: `messages` is empty
+        (`SnapshotHeads`)."""
+        return [head for head, _ in self._pick(session_id, status, finish_reason, claimed, limit)]
+
+    def _pick(
+        self,
+        session_id: str | None,
+        status: SnapshotStatus | None,
+        finish_reason: FinishReason | None,
+        claimed: bool | None,
+        limit: int,
+    ) -> list[tuple[Snapshot, list[str]]]:
+        """The fields (`_Stored.fields`) of the snapshots `list_snapshots` returns."""
         status, finish_reason = snapshot_filters(status, finish_reason)
         picked: list[tuple[Snapshot, list[str]]] = []
         if limit <= 0:
@@ -203,4 +233,4 @@ class InMemorySessionStore:
                     picked.append(found.fields())
                     if len(picked) >= limit:
                         break
-        return [_snapshot(fields) for fields in picked]
+        return picked

@@ -252,6 +252,32 @@ def _list_statement(
     )
 
 
+def _listing(
+    session_id: str | None,
+    status: SnapshotStatus | str | None,
+    finish_reason: FinishReason | str | None,
+    claimed: bool | None,
+    limit: int,
+) -> tuple[Select[Any], dict[str, Any]]:
+    """The statement of a `list_snapshots` with these filters, and its parameters; an
+    unknown `status` or `finish_reason` is INVALID_ARGUMENT (`snapshot_filters`)."""
+    status, finish_reason = snapshot_filters(status, finish_reason)
+    params: dict[str, Any] = {"p_limit": limit}
+    if session_id is not None:
+        params["p_session"] = session_id
+    if status is not None:
+        params["p_status"] = status.value
+    if finish_reason is not None:
+        params["p_finish_reason"] = finish_reason.value
+    stmt = _list_statement(
+        session_id is not None,
+        status is not None,
+        finish_reason is not None,
+        None if claimed is None else bool(claimed),
+    )
+    return stmt, params
+
+
 _GET_SNAPSHOT = select(_SNAP).where(_SNAP.c.snapshot_id == bindparam("p_sid"))
 _F_GET_SNAPSHOT = FastStatement(_GET_SNAPSHOT)
 _F_LATEST_ID = FastStatement(
@@ -442,29 +468,41 @@ class SqlSessionStore:
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
-        status, finish_reason = snapshot_filters(status, finish_reason)
-        params: dict[str, Any] = {"p_limit": limit}
-        if session_id is not None:
-            params["p_session"] = session_id
-        if status is not None:
-            params["p_status"] = status.value
-        if finish_reason is not None:
-            params["p_finish_reason"] = finish_reason.value
         if limit <= 0:
+            snapshot_filters(status, finish_reason)  # an unknown filter is still refused
             return []
-        stmt = _list_statement(
-            session_id is not None,
-            status is not None,
-            finish_reason is not None,
-            None if claimed is None else bool(claimed),
-        )
-        return self._load(stmt, params)
+        return self._load(*_listing(session_id, status, finish_reason, claimed, limit))
 
-    def _load(self, stmt: Select[Any], params: dict[str, Any]) -> list[Snapshot]:
+    def get_snapshot_head(self, snapshot_id: str) -> Snapshot | None:
+        """`get_snapshot` with the history unread: `messages` is empty (`SnapshotHeads`)."""
+        found = self._load(_GET_SNAPSHOT, {"p_sid": snapshot_id}, whole=False)
+        return found[0] if found else None
+
+    def list_snapshot_heads(
+        self,
+        session_id: str | None = None,
+        status: SnapshotStatus | None = None,
+        finish_reason: FinishReason | None = None,
+        claimed: bool | None = None,
+        limit: int = 100,
+    ) -> list[Snapshot]:
+        """`list_snapshots` with the histories unread: `messages` is empty
+        (`SnapshotHeads`)."""
+        if limit <= 0:
+            snapshot_filters(status, finish_reason)
+            return []
+        stmt, params = _listing(session_id, status, finish_reason, claimed, limit)
+        return self._load(stmt, params, whole=False)
+
+    def _load(
+        self, stmt: Select[Any], params: dict[str, Any], *, whole: bool = True
+    ) -> list[Snapshot]:
+        """The snapshots of the rows `stmt` selects, with their histories (`whole`) or
+        without (heads: `messages` empty)."""
         with self._read() as conn:
             rows = FastStatement.of(stmt).execute(conn, params).mappings()
-            histories = _histories(conn, rows)
-        return [_to_snapshot(r, histories[r["snapshot_id"]]) for r in rows]
+            histories = _histories(conn, rows) if whole else {}
+        return [_to_snapshot(r, histories.get(r["snapshot_id"], [])) for r in rows]
 
     # ------------------------------------------------------------------ writes
 

@@ -18,6 +18,7 @@ from interlock.stores import (
     InMemorySessionStore,
     LatestSnapshotId,
     SessionStore,
+    SnapshotHeads,
     SqlSessionStore,
 )
 from schemas import (
@@ -184,6 +185,52 @@ def test_get_latest_snapshot_is_newest_of_any_status(store: SessionStore) -> Non
     # Both stores name the newest without reading a history, in the same order.
     assert isinstance(store, LatestSnapshotId)
     assert [store.latest_snapshot_id(s) for s in ("s1", "s2", "nope")] == ["b", "y", None]
+
+
+def test_heads_are_snapshots_without_their_history(store: SessionStore) -> None:
+    """`SnapshotHeads`: every field as the whole read has it, `messages` empty."""
+    assert isinstance(store, SnapshotHeads)
+    store.save_snapshot(
+        snap("a", messages=[msg("one"), msg("two", "model")], finish_reason=FinishReason.STOP)
+    )
+    store.save_snapshot(
+        snap(
+            "b",
+            parent_id="a",
+            inherited=2,
+            messages=[msg("one"), msg("two", "model"), msg("three")],
+            expires_at=datetime.now(UTC) + timedelta(hours=1),
+            resume_token_hash="h",
+            turn_id="t-b",
+        )
+    )
+    store.save_snapshot(
+        snap("x", "s2", status=SnapshotStatus.FAILED, finish_reason=FinishReason.FAILED)
+    )
+    assert store.claim("b", "w1")
+
+    def headed(s: Snapshot | None) -> Snapshot | None:
+        return None if s is None else s.model_copy(update={"messages": []})
+
+    for sid in ("a", "b", "x", "nope"):
+        assert store.get_snapshot_head(sid) == headed(store.get_snapshot(sid)), sid
+    head = store.get_snapshot_head("b")
+    assert head is not None and head.messages == [] and head.resumed_by == "w1"
+    listings: list[dict[str, Any]] = [
+        {},
+        {"session_id": "s1"},
+        {"session_id": "s1", "limit": 1},
+        {"session_id": "s1", "status": SnapshotStatus.COMPLETED, "claimed": False},
+        {"finish_reason": FinishReason.FAILED},
+        {"claimed": True},
+        {"limit": 0},
+    ]
+    for kwargs in listings:
+        heads = store.list_snapshot_heads(**kwargs)
+        assert heads == [headed(s) for s in store.list_snapshots(**kwargs)], kwargs
+    with pytest.raises(StatusError) as info:
+        store.list_snapshot_heads(status="paused")  # type: ignore[arg-type]
+    assert info.value.status is Status.INVALID_ARGUMENT
 
 
 def test_list_filters_order_and_limit(store: SessionStore) -> None:
