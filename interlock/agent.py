@@ -36,7 +36,7 @@ from .errors import (
 from .journal import TurnJournal, session_for_turn
 from .middleware import Middleware
 from .resume import Answer, check_resumable, passed_deadline, pending_interrupts, plan_resume
-from .stores.base import LatestSnapshotId, SessionStore
+from .stores.base import LatestSnapshotId, SessionStore, SnapshotHeads
 from .tools import Tool
 from .turn import Turn, TurnResult
 
@@ -163,12 +163,13 @@ class Agent:
     ) -> str | None:
         """The session a new message goes on in, to run one at a time there: the one
         named, or that of the snapshot named (None for a resume: its claim on the pause
-        makes it the only turn going on from there)."""
+        makes it the only turn going on from there). A snapshot named is read without
+        its history where the store can: the turn reads it whole once it holds the lock."""
         if self.store is None or agent_input.resume is not None:
             return None
         if snapshot_id is None or session_id is not None:
             return session_id
-        found = self.store.get_snapshot(snapshot_id)
+        found = self._head(snapshot_id)
         return found.session_id if found is not None else None
 
     def _run(
@@ -380,7 +381,9 @@ class Agent:
             return _Base(session_id, latest)
         return _Base(new_session or new_id(), None)
 
-    def _session_snapshot(self, session_id: str, *, resume: bool) -> Snapshot | None:
+    def _session_snapshot(
+        self, session_id: str, *, resume: bool, heads: bool = False
+    ) -> Snapshot | None:
         """The snapshot that `session_id=` continues: the session's latest `completed`
         one (failed and aborted turns are skipped: the last good snapshot stays the
         continuation point).
@@ -390,36 +393,68 @@ class Agent:
         (FAILED_PRECONDITION), rather than an earlier snapshot in which its refs are not
         pending. A new message is no answer: a pause that expired (marked so, or past
         its deadline and not yet swept) ended its turn, and the message goes on from the
-        snapshot that turn started from, as after a failed turn."""
-        assert self.store is not None
-        newest = self.store.get_latest_snapshot(session_id)
+        snapshot that turn started from, as after a failed turn.
+
+        With `heads`, for a caller that needs only the snapshot's fields, it comes
+        without its history where the store can (`SnapshotHeads`)."""
+        newest = self._newest(session_id, None, heads=heads)
         if newest is None:
             return None
         if newest.status == SnapshotStatus.EXPIRED or (
             newest.status == SnapshotStatus.PENDING and resume
         ):
-            return newest if resume else self._before_turn(newest)
+            return newest if resume else self._before_turn(newest, heads=heads)
         if newest.status != SnapshotStatus.COMPLETED:
-            found = self.store.list_snapshots(
-                session_id=session_id, status=SnapshotStatus.COMPLETED, limit=1
-            )
-            newest = found[0] if found else None
+            newest = self._newest(session_id, SnapshotStatus.COMPLETED, heads=heads)
         if newest is not None and not resume and _lapsed(newest):
-            return self._before_turn(newest)
+            return self._before_turn(newest, heads=heads)
         return newest
 
-    def _before_turn(self, snapshot: Snapshot) -> Snapshot | None:
+    def _newest(
+        self, session_id: str, status: SnapshotStatus | None, *, heads: bool
+    ) -> Snapshot | None:
+        """The session's newest snapshot (of `status`, if given); with `heads`, without
+        its history where the store can."""
+        store = self.store
+        assert store is not None
+        if heads and isinstance(store, SnapshotHeads):
+            found = store.list_snapshot_heads(session_id=session_id, status=status, limit=1)
+        elif status is None:
+            return store.get_latest_snapshot(session_id)
+        else:
+            found = store.list_snapshots(session_id=session_id, status=status, limit=1)
+        return found[0] if found else None
+
+    def _before_turn(self, snapshot: Snapshot, *, heads: bool = False) -> Snapshot | None:
         """The snapshot the turn of `snapshot` started from: its parent, past the pauses
-        of that turn that were answered on the way (a re-pausing tool)."""
-        assert self.store is not None
+        of that turn that were answered on the way (a re-pausing tool). The chain is
+        walked without histories where the store can; only the snapshot found is read
+        whole (not even it, with `heads`)."""
         found = self._parent(snapshot)
         while found is not None and found.is_interrupted:
             found = self._parent(found)
-        return found
+        return found if found is None or heads else self._whole(found)
 
     def _parent(self, snapshot: Snapshot) -> Snapshot | None:
-        assert self.store is not None
-        return None if snapshot.parent_id is None else self.store.get_snapshot(snapshot.parent_id)
+        return None if snapshot.parent_id is None else self._head(snapshot.parent_id)
+
+    def _head(self, snapshot_id: str) -> Snapshot | None:
+        """The snapshot `snapshot_id`, its history unread where the store can
+        (`SnapshotHeads`: `messages` then empty), for what needs only its fields."""
+        store = self.store
+        assert store is not None
+        if isinstance(store, SnapshotHeads):
+            return store.get_snapshot_head(snapshot_id)
+        return store.get_snapshot(snapshot_id)
+
+    def _whole(self, snapshot: Snapshot) -> Snapshot | None:
+        """`snapshot`, as `_head` or `_session_snapshot(heads=True)` gave it, with its
+        history: read again where that gave a head."""
+        store = self.store
+        assert store is not None
+        if isinstance(store, SnapshotHeads):
+            return store.get_snapshot(snapshot.snapshot_id)
+        return snapshot
 
     def _plan(
         self, resume: ToolResume, base: _Base, claimed_by: str | None
@@ -476,6 +511,29 @@ class Agent:
             return False  # unknown: the caller reads the session's snapshot whole
         return store.latest_snapshot_id(snap.session_id) == snap.snapshot_id
 
+    def _newest_id(self, session_id: str) -> str | None:
+        """The id of the session's newest snapshot, its history unread where the store
+        can (`LatestSnapshotId`, `SnapshotHeads`)."""
+        store = self.store
+        assert store is not None
+        if isinstance(store, LatestSnapshotId):
+            return store.latest_snapshot_id(session_id)
+        newest = self._newest(session_id, None, heads=True)
+        return newest.snapshot_id if newest is not None else None
+
+    def _pause_beside(self, snap: Snapshot) -> Snapshot | None:
+        """The pause standing in `snap`'s session, read whole, when `snap` (completed,
+        not interrupted) is not what `session_id=` continues and that is a pause; else
+        None. Whether there is one is asked without reading histories where the store
+        can (`SnapshotHeads`, or `LatestSnapshotId` while `snap` is the newest): only a
+        pause found is read whole, for the refusal to name what it waits for."""
+        if not isinstance(self.store, SnapshotHeads) and self._is_newest(snap):
+            return None
+        current = self._session_snapshot(snap.session_id, resume=False, heads=True)
+        if current is None or not current.is_interrupted:
+            return None
+        return self._whole(current) or current
+
     def _check_not_paused(self, base: _Base) -> None:
         """Refuse a new message the session cannot take now (§4, rules 6 and 8): a
         `ResumeValidationError`, as the resume rules' refusals are; nothing is written."""
@@ -486,22 +544,15 @@ class Agent:
                 f"snapshot {snap.snapshot_id} is {snap.status.value} and cannot be continued; "
                 "it is kept for inspection",
             )
-        if (
-            snap is not None
-            and base.by_snapshot
-            and not snap.is_interrupted
-            and not self._is_newest(snap)
-        ):
+        if snap is not None and base.by_snapshot and not snap.is_interrupted:
             # An earlier snapshot may be continued (a new branch), but not while the
             # session is paused: its pause would stay open beside the branch's turn.
-            current = self._session_snapshot(snap.session_id, resume=False)
-            if current is not None and current.is_interrupted:
-                snap = current
+            snap = self._pause_beside(snap) or snap
         if snap is None or not snap.is_interrupted:
             return
         if snap.resumed_by is not None and not base.from_state:
-            latest = self.store.get_latest_snapshot(snap.session_id) if self.store else None
-            if latest is not None and latest.snapshot_id != snap.snapshot_id:
+            latest = self._newest_id(snap.session_id) if self.store else None
+            if latest is not None and latest != snap.snapshot_id:
                 raise ResumeValidationError(  # addressed by snapshot_id=, after its resume went on
                     Status.FAILED_PRECONDITION,
                     f"snapshot {snap.snapshot_id} was already resumed: continue the session "

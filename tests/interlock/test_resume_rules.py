@@ -1023,15 +1023,25 @@ def test_new_message_to_an_earlier_snapshot_while_paused_is_refused(kind: str) -
 
 
 class _CountingStore(InMemorySessionStore):
-    """Counts the reads that parse a session's newest snapshot whole."""
+    """Counts the reads that parse a history: of a snapshot by id, of a session's
+    newest, of a listing (heads, read without their histories, are not counted)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.latest_reads = 0
+        self.whole_reads = 0
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot | None:
+        self.whole_reads += 1
+        return super().get_snapshot(snapshot_id)
 
     def get_latest_snapshot(self, session_id: str) -> Snapshot | None:
-        self.latest_reads += 1
+        self.latest_reads += 1  # a whole read too: the memory store lists the newest
         return super().get_latest_snapshot(session_id)
+
+    def list_snapshots(self, *args: Any, **kwargs: Any) -> list[Snapshot]:
+        self.whole_reads += 1
+        return super().list_snapshots(*args, **kwargs)
 
 
 def test_a_connection_going_on_from_the_newest_snapshot_reads_its_history_once() -> None:
@@ -1039,13 +1049,15 @@ def test_a_connection_going_on_from_the_newest_snapshot_reads_its_history_once()
     the session's newest, the check that no pause stands beside it asks the store for
     the newest id only: each turn reads the history once (the snapshot it goes on
     from), not twice, which on a long session is most of a turn's time. A snapshot that
-    is no longer the newest is read whole, and a pause there still refuses."""
+    is no longer the newest is not read again either: the session's newest is asked for
+    without its history, and only a pause found there is read whole, for the refusal
+    to name what it waits for."""
     rig = Rig({"n": 1}, store=_CountingStore())
     store = cast(_CountingStore, rig.store)
     with rig.agent.connect() as conn:
         for text in ("hello", "again", "and again"):
             if text == "again":  # the first turn named the new session only: no snapshot
-                store.latest_reads = 0
+                store.latest_reads = store.whole_reads = 0
             conn.send_text(text)
             [*_] = conn.receive()
             assert conn.output().finish_reason is FinishReason.INTERRUPTED
@@ -1055,10 +1067,11 @@ def test_a_connection_going_on_from_the_newest_snapshot_reads_its_history_once()
             [*_] = conn.receive()
             assert conn.output().finish_reason is FinishReason.STOP
         assert store.latest_reads == 0, "no history read to find the newest snapshot"
+        assert store.whole_reads == 4, "one read of a history per turn"
         done = conn.output()
     paused = rig.agent.run_text("elsewhere", session_id=done.session_id)
     assert paused.finish_reason is FinishReason.INTERRUPTED
-    store.latest_reads = 0
+    store.latest_reads = store.whole_reads = 0
     rejects(
         Status.FAILED_PRECONDITION,
         "answer the pending interrupts first",
@@ -1066,7 +1079,8 @@ def test_a_connection_going_on_from_the_newest_snapshot_reads_its_history_once()
         "branch",
         snapshot_id=done.snapshot_id,
     )
-    assert store.latest_reads == 1, "no longer the newest: the session's newest is read"
+    assert store.latest_reads == 0, "the newest is asked for without its history"
+    assert store.whole_reads == 2, "the snapshot named, then the pause beside it"
 
 
 def test_new_message_while_paused_with_state() -> None:
