@@ -170,7 +170,7 @@ def _one_at_a_time(rt: Runtime, request: TurnRequest) -> str | None:
         return None
     if request.snapshot_id is None or request.session_id is not None:
         return request.session_id
-    found = rt.store.get_snapshot(request.snapshot_id)  # an unknown one is refused later
+    found = rt.store.get_snapshot_head(request.snapshot_id)  # an unknown one is refused later
     return found.session_id if found is not None else None
 
 
@@ -495,12 +495,12 @@ def _where_it_stands(rt: Runtime, request: TurnRequest) -> tuple[str | None, str
     latest completed one."""
     session_id, snapshot_id = request.session_id, request.snapshot_id
     if snapshot_id is not None:  # named: it is where the session stands, if it exists
-        found = rt.store.get_snapshot(snapshot_id)
+        found = rt.store.get_snapshot_head(snapshot_id)
         if found is None:
             return session_id, None
         return session_id or found.session_id, snapshot_id
     if session_id is not None:
-        latest = rt.store.list_snapshots(
+        latest = rt.store.list_snapshot_heads(
             session_id=session_id, status=SnapshotStatus.COMPLETED, limit=1
         )
         snapshot_id = latest[0].snapshot_id if latest else None

@@ -975,6 +975,33 @@ def test_a_message_to_a_sessions_snapshot_waits_for_its_running_turn(rt: Runtime
     assert [s.snapshot_id for s in pauses] == [paused["snapshot_id"]], "one pause open"
 
 
+def test_a_message_to_a_snapshot_reads_one_history(rt: Runtime) -> None:
+    """A new message addressed by `snapshot_id` reads one history, that of the snapshot
+    it goes on from: the session whose lease it takes, and whether a pause stands beside
+    it, are read without one (snapshot heads)."""
+    from sqlalchemy import event
+
+    _, payload = _accepted(rt, "s-one-read", "d-one-read")
+    done = run_turn(rt, payload)
+    assert done.get("finish_reason") == "stop", done
+    branch = {**_message("Transfer $8 to y", "s-one-read"), "session_id": None}
+    branch["snapshot_id"] = done["snapshot_id"]
+    histories: list[str] = []
+
+    def seen(_c: Any, _cur: Any, statement: str, *_args: Any) -> None:
+        if "interlock_chain" in statement:  # the store's walk up a history's chain
+            histories.append(statement)
+
+    event.listen(rt.store.engine, "before_cursor_execute", seen)
+    try:
+        paused = run_turn(rt, branch)
+    finally:
+        event.remove(rt.store.engine, "before_cursor_execute", seen)
+    assert paused.get("finish_reason") == "interrupted", paused
+    assert paused.get("session_id") == "s-one-read", paused
+    assert len(histories) == 1, f"{len(histories)} histories read"
+
+
 class _Crash(BaseException):
     """Stands for the worker process dying mid-turn."""
 
