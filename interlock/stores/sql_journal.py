@@ -34,6 +34,7 @@ from typing import Any
 from sqlalchemy import (
     Column,
     DateTime,
+    Index,
     MetaData,
     Table,
     Text,
@@ -146,6 +147,9 @@ _JOURNAL = Table(
     Column("session_id", Text, nullable=False),
     Column("body", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # a session's refused turns (`refused_turns`, `interlock prune`); a database made by
+    # an older release gets it from `interlock migrate` (`create_missing_indexes`)
+    Index("ix_interlock_journal_session", "session_id"),
 )
 
 _LEASE = Table(

@@ -68,6 +68,38 @@ def test_migrate_creates_every_table_up_front(tmp_path: Path, pg_url: str) -> No
         assert again.returncode == 0 and again.json_lines() == [line], "idempotent"
 
 
+def test_migrate_adds_the_indexes_a_store_made_by_an_older_release_lacks(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A journal made before its index on session_id came: a process that starts on it
+    leaves it so (building an index blocks the table's writes), `migrate` builds it and
+    says so, and once only."""
+    from interlock import SqlSessionStore
+    from interlock.stores.sql_journal import SqlTurnJournal
+
+    index = "ix_interlock_journal_session"
+    for url in (f"sqlite:///{tmp_path}/old.db", pg_url):
+        assert run_cli("migrate", "--store", url, timeout=60).returncode == 0
+        engine = create_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(text(f"DROP INDEX {index}"))  # as an older release made it
+            sql = SqlSessionStore(url)
+            SqlTurnJournal(sql)
+            sql.dispose()
+            held = {ix["name"] for ix in inspect(engine).get_indexes("interlock_journal")}
+            assert index not in held, "a process's start builds no index"
+            result = run_cli("migrate", "--store", url, timeout=60)
+            assert result.returncode == 0, result.describe()
+            assert result.json_lines()[0]["indexes_created"] == [index], result.describe()
+            held = {ix["name"] for ix in inspect(engine).get_indexes("interlock_journal")}
+            assert index in held
+            again = run_cli("migrate", "--store", url, timeout=60)
+            assert again.json_lines()[0]["indexes_created"] == [], again.describe()
+        finally:
+            engine.dispose()
+
+
 def test_health_reads_the_store_url_as_the_store_does(tmp_path: Path, redis_url: str) -> None:
     store = f"sqlite:///{tmp_path}/h.db?synchronous=normal"
     missing = run_cli("health", "--broker", redis_url, "--store", store, timeout=60)

@@ -351,9 +351,10 @@ def test_a_claimed_pause_whose_resume_has_not_ended_is_kept_however_old(store: S
 def test_the_choice_of_sessions_reads_the_journal_once_not_once_a_snapshot(
     tmp_path: Path,
 ) -> None:
-    """The journal has no index on session_id: the turns a session has not ended are
-    found in one read of it a statement, not in one read for each snapshot row (SQLite
-    ran that: a store of 20,000 sessions with as many refused turns took minutes)."""
+    """The turns a session has not ended are found in one read of the journal a
+    statement, not in one read for each snapshot row: a store not migrated since the
+    journal's index on session_id came lacks it, and there SQLite ran that (a store of
+    20,000 sessions with as many refused turns took minutes)."""
     from sqlalchemy import event
 
     from workers.retention import _Rules
@@ -380,3 +381,45 @@ def test_the_choice_of_sessions_reads_the_journal_once_not_once_a_snapshot(
     assert scans, plan
     for parent in scans:
         assert not steps[parent][1].startswith("CORRELATED"), plan
+
+
+def test_a_batch_finds_its_sessions_journal_entries_by_their_index(store: Store) -> None:
+    """The statements that count and delete a batch's refused turns and requests look
+    the batch's sessions up in the journal's index on session_id, not in a read of the
+    whole journal for each statement (a journal of many refused turns, a few per batch)."""
+    from sqlalchemy import event, text
+
+    from workers.retention import _Rules
+
+    now = utcnow()
+    others = [
+        {"turn_id": f"t-other-{n}", "key": key, "session_id": f"s-other-{n}", "created_at": now}
+        for n in range(2500)
+        for key in ("request", REFUSED)
+    ]
+    with store.sql.engine.begin() as conn:
+        conn.execute(insert(JOURNAL).values(body="null"), others)
+        conn.execute(text("ANALYZE"))  # the planner knows the journal is no longer small
+    tables = {SNAP.name, MSG.name, JOURNAL.name, LEASE.name, decision_table.name}
+    rules = _Rules(now - OLD + timedelta(hours=1), tables)
+    ran: list[tuple[str, Any]] = []
+
+    def keep(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        if "interlock_journal.session_id IN" in statement:
+            ran.append((statement, params))
+
+    explain = "EXPLAIN" if store.sql.engine.dialect.name == "postgresql" else "EXPLAIN QUERY PLAN"
+    with store.sql.writer().connect() as conn, conn.begin():
+        event.listen(conn, "before_cursor_execute", keep)
+        ids = rules.sessions(conn, "", 500)
+        assert store.refused in ids, ids
+        rules.count(conn, ids)
+        done = rules.delete(conn, ids)
+        event.remove(conn, "before_cursor_execute", keep)
+        assert done.refusals == 1
+        assert len(ran) == 3, ran  # the count, the refusals, the requests
+        for statement, params in ran:
+            plan = conn.exec_driver_sql(f"{explain} {statement}", params).all()
+            shown = "\n".join(str(row[-1]) for row in plan)
+            assert "ix_interlock_journal_session" in shown, (statement, shown)
+            assert "SCAN interlock_journal\n" not in f"{shown}\n", (statement, shown)

@@ -25,6 +25,7 @@ from .base import (
     emit,
     error_line,
     fail,
+    interlock_metadata,
     main,
     missing_sqlite_file,
     no_tables,
@@ -145,9 +146,10 @@ def demo(
 @clear_errors
 def migrate(store: str | None) -> None:
     """Create the store's tables if missing: snapshots, messages, outbox, decisions, turn
-    journal and turn leases; erase resume tokens that an older release kept in the
-    decision log. A table of one of these names that lacks columns Interlock needs
-    (another program's) is named, and nothing is changed."""
+    journal and turn leases, and the indexes a table an older release made lacks; erase
+    resume tokens that an older release kept in the decision log. A table of one of
+    these names that lacks columns Interlock needs (another program's) is named, and
+    nothing is changed."""
     from events.decision_log import DecisionLog
     from events.outbox import Outbox
     from interlock import SqlSessionStore
@@ -164,6 +166,7 @@ def migrate(store: str | None) -> None:
         Outbox(sql).close()
         erased = DecisionLog(sql).erase_tokens()
         SqlTurnJournal(sql)
+        indexes = sql.create_missing_indexes(*interlock_metadata())
         from sqlalchemy import inspect
 
         tables = sorted(
@@ -171,7 +174,14 @@ def migrate(store: str | None) -> None:
         )
     finally:
         sql.dispose()
-    emit({"store": redact_url(settings.store_url), "tables": tables, "tokens_erased": erased})
+    emit(
+        {
+            "store": redact_url(settings.store_url),
+            "tables": tables,
+            "tokens_erased": erased,
+            "indexes_created": indexes,
+        }
+    )
 
 
 @main.command(short_help="Check the broker, the store and a process's heartbeat.")

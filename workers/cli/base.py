@@ -28,6 +28,7 @@ from ..settings import Settings, one_shot_store_url, redact_url
 
 if TYPE_CHECKING:
     from kombu.connection import Connection
+    from sqlalchemy import MetaData
 
     from interlock import SqlSessionStore
 
@@ -380,17 +381,23 @@ def reach_store(url: str, seconds: float | None = None) -> None:
         sql.dispose()
 
 
+def interlock_metadata() -> tuple[MetaData, ...]:
+    """The tables Interlock makes in a store: the store's, the outbox, the decision log,
+    the turn journal and leases."""
+    from events.decision_log import decision_metadata
+    from events.outbox import outbox_metadata
+    from interlock import SqlSessionStore
+    from interlock.stores.sql_journal import journal_metadata
+
+    return (SqlSessionStore.metadata, outbox_metadata, decision_metadata, journal_metadata)
+
+
 def check_columns(sql: SqlSessionStore, url: str) -> None:
     """FAILED_PRECONDITION naming each table of Interlock's (the store's, the outbox,
     the decision log, the turn journal and leases) that the store at `url` holds
     without columns Interlock needs (another program's, or an old one), and the columns
     it lacks: nothing Interlock does there could work. Reads only."""
-    from events.decision_log import decision_metadata
-    from events.outbox import outbox_metadata
-    from interlock.stores.sql_journal import journal_metadata
-
-    tables = (sql.metadata, outbox_metadata, decision_metadata, journal_metadata)
-    lacking = sql.lacking_columns(*tables)
+    lacking = sql.lacking_columns(*interlock_metadata())
     if not lacking:
         return
     one = len(lacking) == 1
