@@ -14,6 +14,8 @@ snapshot of, are deleted once received before the cutoff.
 While a batch is deleted, it holds the lease of each of its sessions, as a turn of a
 new message does: such a turn, sent to a session as it is pruned, either starts before
 (and the session is kept) or after (and finds no history: the session starts anew).
+A session that would go but for such a turn (one holds its lease, or went on in it as
+the batch was deleted) is kept, and counted as kept busy.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sqlalchemy import (
     case,
     delete,
     exists,
+    false,
     func,
     inspect,
     or_,
@@ -60,13 +63,15 @@ _OWNER_PREFIX = "prune:"
 
 @dataclass
 class Pruned:
-    """What a prune deleted (or, for a dry run, would delete)."""
+    """What a prune deleted (or, for a dry run, would delete), and the sessions it kept
+    only because a turn of a new message ran on them (`kept_busy`)."""
 
     sessions: int = 0
     snapshots: int = 0
     messages: int = 0
     decisions: int = 0
     refusals: int = 0
+    kept_busy: int = 0
 
     def add(self, other: Pruned) -> None:
         for f in fields(self):
@@ -98,21 +103,23 @@ def prune_sessions(
     after = ""
     while True:
         with store.engine.connect() if dry_run else store.writer().begin() as conn:
-            ids = rules.sessions(conn, after, batch)
+            chosen = rules.sessions(conn, after, batch)
+            ids = [session for session, busy in chosen if not busy]
             if not ids:
                 done = Pruned()
             elif dry_run:
                 done = rules.count(conn, ids)
             else:
                 done = rules.delete(conn, ids)
-            if len(ids) < batch:
+            done.kept_busy += len(chosen) - len(ids)
+            if len(chosen) < batch:
                 done.add(rules.unattached(conn, dry_run))
         total.add(done)
-        if on_batch is not None and (ids or done.decisions or done.refusals):
+        if on_batch is not None and (chosen or done.decisions or done.refusals):
             on_batch(replace(total))
-        if len(ids) < batch:
+        if len(chosen) < batch:
             return total, cutoff
-        after = ids[-1]
+        after = chosen[-1][0]
 
 
 def cutoff_of(older_than: float) -> datetime:
@@ -134,9 +141,10 @@ class _Rules:
 
     def sessions(
         self, conn: Connection, after: str, batch: int, among: Sequence[str] | None = None
-    ) -> list[str]:
-        """Up to `batch` prunable sessions after `after` (and of `among`, if given), in
-        session id order."""
+    ) -> list[tuple[str, bool]]:
+        """Up to `batch` sessions after `after` (and of `among`, if given), in session id
+        order, that are prunable but may be busy: each with whether a turn of a new message
+        holds its lease (not this prune's), which keeps it."""
         paused = and_(
             _SNAP.c.status == SnapshotStatus.COMPLETED.value,
             _SNAP.c.finish_reason == FinishReason.INTERRUPTED.value,
@@ -147,7 +155,12 @@ class _Rules:
         )
         # a claimed pause no snapshot follows: its resume is queued or runs
         claimed = func.max(case((and_(paused, _SNAP.c.resumed_by.is_not(None)), _SNAP.c.seq)))
-        query = select(_SNAP.c.session_id).where(_SNAP.c.session_id > after)
+        busy: Any = false()
+        if self.leases:  # a turn of a new message runs on it (not this prune's lease)
+            busy = exists().where(
+                _LEASE.c.turn_id == "session:" + _SNAP.c.session_id, _LEASE.c.owner != self._owner
+            )
+        query = select(_SNAP.c.session_id, busy).where(_SNAP.c.session_id > after)
         if among is not None:
             query = query.where(_SNAP.c.session_id.in_(among))
         if self.journal:  # a turn of the session that has not ended: it may run again
@@ -159,11 +172,6 @@ class _Rules:
             # journal's index on session_id came lacks it, and a subquery run for each
             # snapshot row would then read the journal each time)
             query = query.where(_SNAP.c.session_id.not_in(unended))
-        if self.leases:  # a turn of a new message runs on it (not this prune's lease)
-            leased = exists().where(
-                _LEASE.c.turn_id == "session:" + _SNAP.c.session_id, _LEASE.c.owner != self._owner
-            )
-            query = query.where(~leased)
         query = (
             query.group_by(_SNAP.c.session_id)
             .having(
@@ -176,7 +184,7 @@ class _Rules:
             .order_by(_SNAP.c.session_id)
             .limit(batch)
         )
-        return [str(row[0]) for row in conn.execute(query)]
+        return [(str(session), bool(held)) for session, held in conn.execute(query)]
 
     def count(self, conn: Connection, ids: Sequence[str]) -> Pruned:
         snapshots = _in(_SNAP.c.session_id)
@@ -199,12 +207,13 @@ class _Rules:
         meanwhile; those whose lease another holds now are left, and so are those a turn
         went on in since they were chosen (PostgreSQL: read committed, a statement sees
         what committed before it; once the leases are held, no turn of a new message
-        can end there)."""
+        can end there): kept busy."""
+        chosen = len(ids)
         if self.leases:
             ids = self._lease(conn, ids)
             if ids:
-                ids = self.sessions(conn, "", len(ids), among=ids)
-        done = Pruned(sessions=len(ids))
+                ids = [session for session, _ in self.sessions(conn, "", len(ids), among=ids)]
+        done = Pruned(sessions=len(ids), kept_busy=chosen - len(ids))
         if ids:
             own = select(_SNAP.c.snapshot_id).where(_in(_SNAP.c.session_id))
             done.messages = _rows(conn, delete(_MSG).where(_MSG.c.snapshot_id.in_(own)), ids)

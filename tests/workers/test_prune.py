@@ -168,7 +168,9 @@ def test_prune_deletes_the_sessions_idle_past_the_retention_that_wait_for_nothin
     [line] = dry.json_lines()
     assert {k: line[k] for k in expected} == expected, line
     assert line["dry_run"] is True
+    assert line["kept_busy"] == 1, line  # the session a turn holds the lease of
     assert "would delete 3 sessions" in dry.stderr, dry.describe()
+    assert "so far, and would keep 1 sessions a turn runs on" in dry.stderr, dry.describe()
     assert store.state() == before, "a dry run deletes nothing"
 
     ran = run_cli("prune", "--older-than", "30d", "--store", store.url)
@@ -176,6 +178,8 @@ def test_prune_deletes_the_sessions_idle_past_the_retention_that_wait_for_nothin
     [line] = ran.json_lines()
     assert {k: line[k] for k in expected} == expected, line
     assert line["dry_run"] is False and line["cutoff"].endswith("Z")
+    assert line["kept_busy"] == 1, line
+    assert "so far, and kept 1 sessions a turn runs on" in ran.stderr, ran.describe()
     after = store.state()
     assert after["sessions"] == {
         store.paused,
@@ -206,6 +210,7 @@ def test_prune_deletes_the_sessions_idle_past_the_retention_that_wait_for_nothin
     again = run_cli("prune", "--older-than", "30d", "--store", store.url)
     assert again.returncode == 0, again.describe()
     assert {k: again.json_lines()[0][k] for k in expected} == dict.fromkeys(expected, 0)
+    assert again.json_lines()[0]["kept_busy"] == 1, "a turn still runs on it"
     # what is pruned is forgotten: a copy of a pruned turn's task would run again
     # (docs/operations.md, "Retention")
     begun = SqlTurnJournal(store.sql).begin("t-refused", "w9", 60, request="r")
@@ -213,19 +218,51 @@ def test_prune_deletes_the_sessions_idle_past_the_retention_that_wait_for_nothin
 
 
 def test_prune_in_batches_reports_its_progress(store: Store) -> None:
-    """A batch per transaction: the same sessions go, and each batch says how far it got."""
+    """A batch per transaction: the same sessions go, and each batch says how far it got,
+    the one of a session a turn runs on too: it deleted none, and kept that one."""
     progress: list[Pruned] = []
     done, cutoff = prune_sessions(
         store.sql, OLD.total_seconds() - 3600, batch=1, on_batch=lambda p: progress.append(p)
     )
     assert done.sessions == 3 and done.decisions == 3 and done.refusals == 3
-    assert [p.sessions for p in progress][:3] == [1, 2, 3]
+    assert done.kept_busy == 1
+    assert [p.sessions + p.kept_busy for p in progress][:4] == [1, 2, 3, 4]
     assert utcnow() - cutoff >= OLD - timedelta(hours=1, seconds=5)
     assert store.sessions() == {store.paused, store.leased, store.running, store.recent}
     ran = run_cli("prune", "--older-than", "1h", "--batch", "1", "--store", store.url)
     assert ran.returncode == 0, ran.describe()
-    assert ran.json_lines()[0]["sessions"] == 0
-    assert "so far" not in ran.stderr, "nothing deleted, nothing reported"
+    assert ran.json_lines()[0]["sessions"] == 0 and ran.json_lines()[0]["kept_busy"] == 1
+    assert ran.stderr.splitlines() == [
+        "prune: deleted 0 sessions (0 snapshots, 0 messages, 0 decisions, 0 refused turns) "
+        "so far, and kept 1 sessions a turn runs on"
+    ], ran.describe()
+
+
+def test_a_batch_whose_sessions_a_turn_takes_as_it_is_deleted_says_it_kept_them(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Turns of new messages take the leases of every session a batch chose before it
+    takes them: the batch deletes none of them, and says it kept them busy (with the one
+    a turn held when the batch chose)."""
+    from workers.retention import _Rules
+
+    lease = _Rules._lease
+
+    def taken_meanwhile(self: _Rules, conn: Any, ids: Any) -> list[str]:
+        until = utcnow() + timedelta(minutes=1)
+        rows = [{"turn_id": session_lease(s), "owner": "w3", "expires_at": until} for s in ids]
+        conn.execute(insert(LEASE), rows)
+        return lease(self, conn, ids)
+
+    monkeypatch.setattr(_Rules, "_lease", taken_meanwhile)
+    before = store.sessions()
+    progress: list[Pruned] = []
+    done, _ = prune_sessions(
+        store.sql, OLD.total_seconds() - 3600, on_batch=lambda p: progress.append(p)
+    )
+    assert (done.sessions, done.snapshots, done.kept_busy) == (0, 0, 4), done
+    assert [(p.sessions, p.kept_busy) for p in progress] == [(0, 4)]
+    assert store.sessions() == before
 
 
 def test_prune_takes_a_duration_and_says_what_it_cannot_read(tmp_path: Path) -> None:
@@ -314,7 +351,7 @@ def test_a_turn_that_ends_between_the_choice_and_the_lease_keeps_its_session(
     if ran:
         assert store.done in store.sessions(), "a session a turn just went on in is kept"
         assert store.sql.get_snapshot(ran[1]) is not None, "its open pause is kept"
-        assert done.sessions == 2
+        assert done.sessions == 2 and done.kept_busy == 2, done  # it, and the one leased
 
 
 def test_a_claimed_pause_whose_resume_has_not_ended_is_kept_however_old(store: Store) -> None:
@@ -411,7 +448,7 @@ def test_a_batch_finds_its_sessions_journal_entries_by_their_index(store: Store)
     explain = "EXPLAIN" if store.sql.engine.dialect.name == "postgresql" else "EXPLAIN QUERY PLAN"
     with store.sql.writer().connect() as conn, conn.begin():
         event.listen(conn, "before_cursor_execute", keep)
-        ids = rules.sessions(conn, "", 500)
+        ids = [session for session, _ in rules.sessions(conn, "", 500)]
         assert store.refused in ids, ids
         rules.count(conn, ids)
         done = rules.delete(conn, ids)

@@ -84,7 +84,8 @@ def prune(older_than: float, dry_run: bool, batch: int, store: str | None) -> No
     whose resume has not ended, no turn running or to be retried. Their snapshots,
     messages and decision records go, and so do the decision records and refused turns
     older than that which name no session, or one the store holds no snapshot of.
-    Sessions that wait on a reviewer are kept, however old.
+    Sessions that wait on a reviewer are kept, however old, and so are those a turn
+    of a new message runs on (counted as kept busy).
 
     Prints its progress on stderr after each batch and, at the end, one JSON line of
     counts (`--dry-run`: what would be deleted)."""
@@ -97,13 +98,14 @@ def prune(older_than: float, dry_run: bool, batch: int, store: str | None) -> No
         _report(url, cutoff_of(older_than), dry_run, Pruned())
         return
     sql = read_store(url, server_timeout())
-    verb = "would delete" if dry_run else "deleted"
+    verb, kept = ("would delete", "would keep") if dry_run else ("deleted", "kept")
 
     def progress(total: Pruned) -> None:
         click.echo(
             f"prune: {verb} {total.sessions} sessions ({total.snapshots} snapshots, "
             f"{total.messages} messages, {total.decisions} decisions, "
-            f"{total.refusals} refused turns) so far",
+            f"{total.refusals} refused turns) so far, and {kept} {total.kept_busy} sessions "
+            "a turn runs on",
             err=True,
         )
 
