@@ -18,6 +18,8 @@ from interlock import AgentOutput, Part, Status, StatusError, ToolResume
 if TYPE_CHECKING:
     from celery import Celery
 
+    from events.stream import EventStream
+
 __all__ = ["ask_human", "confirm", "read_answer", "run_in_process", "show_interrupt"]
 
 Decide = Callable[[Part], bool]
@@ -193,7 +195,7 @@ def run_on_queues(
         events = EventStream.bind(
             conn, f"interlock.demo.{uuid.uuid4().hex[:8]}", "#", temporary=True
         )
-        stack.callback(events.close, True)
+        stack.enter_context(_deleted_at_end(events))
         if embedded:
             shown = redact_url(settings.store_url)
             _hop(f"·  embedded: broker {broker}, store {shown}, worker and resume consumer")
@@ -208,15 +210,18 @@ def run_on_queues(
 
             stack.callback(stop_consumer)
 
+        # A broker elsewhere that takes a publish and does not answer is given up on after
+        # the server timeout, as by `submit` and `decide`; the in-memory one never waits.
+        within = None if embedded else settings.server_timeout
         session_id = str(uuid.uuid4())
         request = new_turn_request(
             "bankingAgent",
             AgentInput(message=Message(role="user", content=[Part(text=text)])),
             session_id=session_id,
         )
-        send_turn(app, request)
+        send_turn(app, request, within=within)
         _hop(f"▶  submit: {text!r} → interlock.turns (turn {request.turn_id[:8]})")
-        publisher = Publisher(conn)
+        publisher = Publisher(conn, timeout=within)
         in_session = lambda e: e.session_id == session_id  # noqa: E731
         turn_types = {"turn.interrupted", "turn.completed", "turn.failed", "turn.expired"}
 
@@ -285,6 +290,28 @@ def run_on_queues(
             "text": _text(result),
         }
         return {**ended, "error": result["error"]} if result.get("error") else ended
+
+
+@contextlib.contextmanager
+def _deleted_at_end(events: EventStream) -> Iterator[None]:
+    """Delete the demo's event queue and its binding at the end. When the demo fails
+    (its broker failed, and its connection with it), a queue that cannot be deleted then
+    is said on stderr, and the demo's own error stands."""
+    try:
+        yield
+    except BaseException:
+        try:
+            events.close(True)
+        except Exception:
+            if events.connection.transport.driver_type == "redis":  # RabbitMQ: auto-delete
+                click.echo(
+                    f"the queue {events.queue.name} was not deleted: it collects every "
+                    "event until it and its binding are removed (docs/operations.md, "
+                    '"The command line")',
+                    err=True,
+                )
+        raise
+    events.close(True)
 
 
 def _text(result: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ from sqlalchemy import make_url
 from events.tokens import hash_token, new_token
 from examples.banking import ai
 from interlock import AgentInput, Message, Part, SqlSessionStore, Status, StatusError
-from tests.queue_helpers import APP, Service, child_env, interlock_bin, run_cli
+from tests.queue_helpers import APP, Service, child_env, interlock_bin, run_cli, start_stack
 from tests.services import eventually, start_redis
 from workers.runtime import Runtime
 from workers.settings import (
@@ -263,6 +263,59 @@ def test_the_demo_gives_up_on_a_silent_broker(silent: SilentServer) -> None:
     broker = f"redis://127.0.0.1:{silent.port}/0"
     proc, took = timed("demo", "--approve", "--broker", broker)
     ended_unavailable(silent, proc, took, f"error: {broker_line(silent)}")
+
+
+def test_the_demo_gives_up_on_a_broker_that_stalls_on_its_turn(tmp_path: Path) -> None:
+    """A Redis that answers the demo's connection and declarations, then stalls on the
+    turn it sends (at the default server timeout): the demo gives up within it, where
+    Celery's retries (each waiting for its answer) held it for about half a minute."""
+    server = start_redis(tmp_path / "redis")
+    stalling = SilentServer(upstream=server.port, stall_on=b"LPUSH")
+    try:
+        broker = f"redis://127.0.0.1:{stalling.port}/0"
+        proc, took = timed(
+            "demo", "--approve", "--broker", broker, "--store", f"sqlite:///{tmp_path}/d.db",
+            env=child_env(),
+        )  # fmt: skip
+        said = describe(proc, took)
+        assert stalling.stalled, "the send met the stall: " + said
+        assert took < BOUND and proc.returncode == 1, said
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: {broker_line(stalling)}"), said
+        assert "Traceback" not in proc.stderr and "submit:" not in proc.stdout, said
+    finally:
+        stalling.close()
+        server.stop()
+
+
+def test_the_demo_gives_up_on_a_broker_that_stalls_on_its_decision(tmp_path: Path) -> None:
+    """A Redis that answers until the demo publishes its decision (the turn ran and
+    paused on a worker of that Redis), then stalls: the demo gives up within its server
+    timeout, where kombu's retries held it for about a minute, and ends with the one
+    line of a broker that cannot be reached; the queue it read the events from, which
+    it could not delete, is named."""
+    server = start_redis(tmp_path / "redis")
+    store = f"sqlite:///{tmp_path}/d.db"
+    # the decision's publish: the routing script, given the decisions' exchange
+    stall_on = b"_interlock.bound.interlock.decisions\r\n$6\r\ndirect"
+    try:
+        with start_stack(tmp_path / "stack", f"redis://127.0.0.1:{server.port}/0", store):
+            stalling = SilentServer(upstream=server.port, stall_on=stall_on)
+            try:
+                broker = f"redis://127.0.0.1:{stalling.port}/0"
+                proc, took = timed("demo", "--approve", "--broker", broker, "--store", store)
+            finally:
+                stalling.close()
+        said = describe(proc, took)
+        assert stalling.stalled and "human: approve" in proc.stdout, said
+        assert took < BOUND + 10 and proc.returncode == 1, said  # the turn ran first
+        lines = proc.stderr.strip().splitlines()
+        assert lines[-1].startswith(f"error: {broker_line(stalling)}"), said
+        assert lines[0].startswith("the queue interlock.demo."), said
+        assert "was not deleted" in lines[0] and len(lines) == 2, said
+        assert "decision" not in proc.stdout.split("human: approve")[1], "none was sent"
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("command", ["decide", "resend"])
