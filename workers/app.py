@@ -22,7 +22,7 @@ from schemas import Status, TurnRequest
 from .burst import BURST_CONNECT_RETRIES, BurstGaveUp, BurstRequest, burst_idle
 from .runtime import Runtime
 from .settings import Settings
-from .turns import SessionBusy, TurnBusy, retried, run_task
+from .turns import SessionBusy, TurnBusy, request_of, retried, run_task
 
 __all__ = ["RUN_TURN", "create_app", "delivery_config", "runtime_of", "send_turn", "turn_summary"]
 
@@ -155,7 +155,9 @@ def _failed(exc: BaseException) -> str:
 
 
 def _turn_id(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    request = args[0] if args else kwargs.get("request")
+    found, request = request_of(args, kwargs)
+    if not found:  # the first argument's, where it has one (as turn.failed carries)
+        request = args[0] if args else kwargs.get("request")
     return request.get("turn_id") if isinstance(request, dict) else None
 
 

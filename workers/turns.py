@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from kombu.exceptions import OperationalError as BrokerUnavailable
@@ -41,6 +42,7 @@ __all__ = [
     "fingerprint",
     "log_failure",
     "new_turn_request",
+    "request_of",
     "retried",
     "run_task",
     "run_turn",
@@ -79,15 +81,32 @@ class SessionBusy(TurnBusy):
     the time a turn takes), so that this one goes on from where that one ends."""
 
 
-def run_task(rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`run_turn` on the task's one argument, the turn request (positional, or
-    `request=`). A task message with any other arguments is refused like a request that
-    is no turn request (turn.failed, INVALID_ARGUMENT), where Celery would fail it with
-    a TypeError and drop it."""
+_NAMED_FIELDS = frozenset({"turn_id", "agent", "input"})
+"""A task whose keyword arguments name one of these (and no `request`) gives its request
+as keyword arguments: `send_task(..., kwargs={"turn_id": ..., "agent": ..., ...})`."""
+
+
+def request_of(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[bool, Any]:
+    """Whether a task's arguments hold a turn request, and that request: its one
+    positional argument, `request=`, or the request's fields given as keyword
+    arguments."""
     if len(args) == 1 and not kwargs:
-        return run_turn(rt, args[0])
+        return True, args[0]
     if not args and set(kwargs) == {"request"}:
-        return run_turn(rt, kwargs["request"])
+        return True, kwargs["request"]
+    if not args and "request" not in kwargs and _NAMED_FIELDS.intersection(kwargs):
+        return True, dict(kwargs)
+    return False, None
+
+
+def run_task(rt: Runtime, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`run_turn` on the task's turn request: its one argument (positional, or
+    `request=`), or the request's fields as keyword arguments. A task message with any
+    other arguments is refused like a request that is no turn request (turn.failed,
+    INVALID_ARGUMENT), where Celery would fail it with a TypeError and drop it."""
+    found, request = request_of(args, kwargs)
+    if found:
+        return run_turn(rt, request)
     given = f"{len(args)} positional argument{'s' if len(args) != 1 else ''}"
     if kwargs:
         given += f" and keyword arguments {sorted(kwargs)}"

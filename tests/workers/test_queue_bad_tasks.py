@@ -260,6 +260,28 @@ def _unreachable_consumer(monkeypatch: pytest.MonkeyPatch) -> Any:
     return consumer
 
 
+def test_a_request_given_as_keyword_arguments_runs(stack: QueueStack, dash: Dashboard) -> None:
+    """`send_task("interlock.run_turn", kwargs={"turn_id": ..., "agent": ..., ...})`, the
+    request's fields as keyword arguments, runs the turn as the one-argument form does."""
+    turn_id = str(uuid.uuid4())
+    request = {
+        "schema_version": 1,
+        "turn_id": turn_id,
+        "agent": "bankingAgent",
+        "input": {"message": {"role": "user", "content": [{"text": "Transfer $6 to kw"}]}},
+    }
+    body = json.dumps([[], request, {"callbacks": None, "errbacks": None}]).encode()
+    put_on_turns(stack, body, "application/json", celery_headers())
+    paused = dash.wait(
+        lambda e: e.type == "turn.interrupted" and e.turn_id == turn_id,
+        "turn.interrupted for the keyword-argument task",
+    )
+    wire = paused.model_dump(mode="json")
+    assert [i["name"] for i in wire["interrupts"]] == ["transferMoney"], wire
+    assert wire["interrupts"][0]["input"]["amount"] == 6, wire
+    still_serving(dash)
+
+
 def test_a_dead_letter_the_broker_refuses_leaves_the_message_to_the_broker(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -8,7 +8,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -245,13 +245,30 @@ def test_a_task_with_other_arguments_than_one_request_is_answered(
 
 
 def test_a_task_names_its_request_positionally_or_by_keyword(rt: Runtime) -> None:
-    for call in ("positional", "keyword"):
+    forms: dict[str, Callable[[dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]]] = {
+        "positional": lambda request: ((request,), {}),
+        "keyword": lambda request: ((), {"request": request}),
+        "fields": lambda request: ((), dict(request)),  # send_task(..., kwargs=request)
+    }
+    for call, form in forms.items():
         request = _message("Transfer $4 to either-way", str(uuid.uuid4()))
-        args, kwargs = ((request,), {}) if call == "positional" else ((), {"request": request})
+        args, kwargs = form(request)
         result = run_task(rt, args, kwargs)
         assert result["finish_reason"] == "interrupted", (call, result)
         assert result["turn_id"] == request["turn_id"]
     assert _failed_bodies(rt) == []
+
+
+def test_a_request_given_as_keyword_arguments_is_checked_as_one(rt: Runtime) -> None:
+    """The fields as keyword arguments, one missing: the request is invalid (naming the
+    field), not the shape of the task."""
+    result = run_task(rt, (), {"turn_id": "t-kw-missing", "agent": "bankingAgent"})
+    assert result["error"]["status"] == "INVALID_ARGUMENT", result
+    assert result["error"]["message"].startswith("invalid run_turn request: "), result
+    assert "input" in result["error"]["message"], result
+    assert "takes one argument" not in result["error"]["message"], result
+    [event] = _failed_bodies(rt)
+    assert (event["turn_id"], event["agent"]) == ("t-kw-missing", "bankingAgent")
 
 
 def test_two_arguments_carry_the_first_ones_ids_into_turn_failed(rt: Runtime) -> None:
