@@ -110,7 +110,7 @@ class Turn:
         responses: list[Part] = []
         executed: list[Part] = []  # restarted tools that ran to an output in this turn
         repaused = False
-        failed: InterlockError | None = None
+        failed: StatusError | None = None
         for part in paused.content:
             req = part.tool_request
             if req is None:
@@ -131,6 +131,7 @@ class Turn:
                     try:
                         outcome = self._call(part, meta, resumed=answer.resumed, restarted=True)
                     except _TOOL_FAILURES as exc:  # the other restarts still run
+                        self._failed(req.ref, exc)
                         failed = failed or exc
                         continue
                     meta = outcome.metadata
@@ -171,7 +172,7 @@ class Turn:
             parts: list[Part] = []
             responses: list[Part] = []
             paused = False
-            failed: InterlockError | None = None
+            failed: StatusError | None = None
             for part in message.content:
                 req = part.tool_request
                 if req is None:
@@ -180,6 +181,7 @@ class Turn:
                 try:
                     outcome = self._call(part, dict(part.metadata or {}))
                 except _TOOL_FAILURES as exc:  # the other calls still run, as in Genkit
+                    self._failed(req.ref, exc)
                     failed = failed or exc
                     continue
                 meta = outcome.metadata
@@ -259,6 +261,15 @@ class Turn:
     def _record(self, key: str, value: Any) -> None:
         if self.journal is not None:
             self.journal.record(self.session_id, self.turn_id, key, value)
+
+    def _failed(self, ref: str | None, exc: StatusError) -> None:
+        """A call of the message failed; the next one runs only once the failure is
+        journaled (`failed:REF`, never replayed: a run again calls the tool again). The
+        journal keeps a run that stalled past its lease, and that another run took over,
+        from writing anything: so it keeps it from running the message's next call too,
+        as a completed call's journal entry does."""
+        if self.journal is not None:
+            self._record(f"failed:{ref}", exc.to_json())
 
     def _ask_model(self) -> ModelResponse:
         history = self.messages

@@ -742,3 +742,58 @@ def test_a_journal_write_to_a_table_that_is_not_there_fails_at_once(
     assert level == "ERROR", said
     assert line.startswith("journaling tool:ref-1 of turn t-gone failed ("), line
     assert "no wait mends, so it is not tried again; `interlock migrate`" in line, line
+
+
+class _Fenced(InMemoryJournal):
+    """A journal that refuses every write once `lost` is set, as the SQL journal refuses
+    those of a run whose lease another run took over (`LeaseLost`)."""
+
+    lost = False
+
+    def record(self, session_id: str, turn_id: str, key: str, value: Any) -> None:
+        if self.lost:
+            raise Crash(f"lease lost: {key} not written")
+        super().record(session_id, turn_id, key, value)
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["message", "restarts"])
+def test_a_failed_call_is_journaled_before_the_next_call_of_its_message_runs(
+    resume: bool,
+) -> None:
+    """Every call of a model message runs even when one fails (and every restart of a
+    resume), each after the journal took the one before: a run the journal refuses
+    (one that stalled past its lease) stops at the failure, before the next call."""
+    ai = Interlock(secret="t")
+    journal = _Fenced()
+    ran: list[str] = []
+
+    @ai.interruptible_tool(name="boom", description="")
+    def boom(inp: Amount, res: dict[str, Any] | None) -> dict[str, Any]:
+        if resume and res is None:
+            interrupt({"n": inp.n})
+        ran.append("boom")
+        journal.lost = True  # the run stalls here; another takes its lease over
+        raise RuntimeError("kaput")
+
+    @ai.interruptible_tool(name="note", description="")
+    def note(inp: Amount, res: dict[str, Any] | None) -> dict[str, Any]:
+        if resume and res is None:
+            interrupt({"n": inp.n})
+        ran.append("note")
+        return {"n": inp.n}
+
+    calls = [scripted.tool_call("boom", {"n": 1}), scripted.tool_call("note", {"n": 2})]
+    scripted.define(ai, "m", [scripted.reply(*calls), scripted.text("done")])
+    store = InMemorySessionStore()
+    agent = ai.define_agent("x", model="scripted/m", tools=[boom, note], store=store)
+    if resume:
+        paused = agent.run_text("go")
+        assert paused.finish_reason is FinishReason.INTERRUPTED
+        restarts = [boom.restart(paused.interrupts[0], {}), note.restart(paused.interrupts[1], {})]
+        go: Any = ToolResume(restart=restarts)
+        kw: dict[str, Any] = {"session_id": paused.session_id}
+    else:
+        go, kw = "go", {}
+    with pytest.raises(Crash, match="failed:"):
+        agent.run(go, turn_id="t-1", journal=journal, **kw)
+    assert ran == ["boom"], "the call after the failure did not run"

@@ -322,3 +322,40 @@ def test_a_turn_whose_session_ran_another_turn_meanwhile_runs_again_after_it(
     last = ends[retried["snapshot_id"]]
     assert last.parent_id == other[0]["snapshot_id"], "after the other turn: no fork"
     assert [e["type"] for e in _events(runtime)] == ["turn.completed", "turn.completed"]
+
+
+def test_a_call_failing_after_the_stall_keeps_the_next_call_of_its_message_from_running(
+    store_url: str, redis_url: str
+) -> None:
+    """Every call of a model message runs even when one fails, but not in a run that
+    stalled past its lease meanwhile: the failure is checked against the lease before
+    the next call runs (as a completed call's journal entry is), so the call after the
+    stall runs once, in the run that took the turn over."""
+    stall, ran = Stall(store_url), list[str]()
+    registry = Interlock(secret="t")
+
+    @registry.tool(name="first", description="stalls, then fails")
+    def first(inp: dict[str, Any]) -> dict[str, Any]:
+        ran.append("first")
+        stall.take_over()
+        raise RuntimeError("kaput")
+
+    @registry.tool(name="second", description="a side effect")
+    def second(inp: dict[str, Any]) -> dict[str, Any]:
+        ran.append("second")
+        return {"ok": 2}
+
+    calls = [scripted.tool_call("first", {"n": 1}), scripted.tool_call("second", {"n": 2})]
+    scripted.define(registry, "both", [scripted.reply(*calls), scripted.text("done")])
+    registry.define_agent("a", model="scripted/both", tools=[first, second])
+    runtime = Runtime(Settings(broker_url=redis_url, store_url=store_url), registry)
+    try:
+        request = _request(stall, "s-failed")
+        with pytest.raises(TurnBusy, match="another run took over its lease"):
+            run_turn(runtime, request)
+        assert ran == ["first"], "the call after the stall did not run in the stalled run"
+        assert runtime.store.list_snapshots(session_id="s-failed") == [], "no snapshot"
+        assert _events(runtime) == [], "no event: the other run gives the turn its answer"
+    finally:
+        runtime.close()
+        stall.other.store.dispose()
