@@ -31,6 +31,7 @@ from .base import (
     no_tables,
     reach_store,
     read_store,
+    refuse_non_text,
     server_timeout,
     settings_of,
     shared_broker,
@@ -395,6 +396,7 @@ def audit(session_id: str, store: str | None) -> None:
 
     from ..audit import session_history
 
+    refuse_non_text((("SESSION_ID", session_id),), ": no session id holds one")
     url = store_url_of(store)
     sql = read_store(url, server_timeout())
     try:

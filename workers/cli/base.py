@@ -82,6 +82,19 @@ def clear_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def refuse_non_text(values: tuple[tuple[str, Any], ...], consequence: str) -> None:
+    """Refuse, before anything is read or sent, an argument (`values`: its name and
+    value, a string or JSON) that holds what no text can: a lone surrogate, which is how
+    bytes that are no UTF-8 in an argument reach Python, or a NUL character. Neither a
+    store nor the resume consumer takes one; `consequence` ends the error line."""
+    from ..decisions import unstorable
+
+    for name, value in values:
+        bad = unstorable(value)
+        if bad is not None:
+            raise StatusError(Status.INVALID_ARGUMENT, f"{name} contains {bad}{consequence}")
+
+
 def error_line(exc: Exception) -> tuple[Status, str] | None:
     """The status and one-line message that say `exc`, an Interlock error or one of a
     service that cannot be reached or used; None for any other (a bug: its traceback

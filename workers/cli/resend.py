@@ -16,6 +16,7 @@ from .base import (
     not_in,
     reach_broker,
     read_store,
+    refuse_non_text,
     settings_of,
     shared_broker,
     store_option,
@@ -45,6 +46,7 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
     from interlock.resume import check_resumable
     from schemas import TurnInterrupted
 
+    refuse_non_text((("SNAPSHOT_ID", snapshot_id),), "; nothing was sent")
     settings = shared_broker(settings_of(broker=broker, store=store))
     within = settings.server_timeout
     sql = read_store(settings.store_url, within)

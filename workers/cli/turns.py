@@ -24,6 +24,7 @@ from .base import (
     not_in,
     reach_broker,
     read_store,
+    refuse_non_text,
     server_timeout,
     settings_of,
     shared_broker,
@@ -313,6 +314,7 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
     than --limit, says so on stderr."""
     from interlock import FinishReason, SnapshotStatus
 
+    refuse_non_text((("--session", session_id),), ": no session id holds one")
     url = store_url_of(store)
     within = server_timeout()
     missing = missing_sqlite_file(url)
@@ -477,6 +479,18 @@ def decide(
             output = json.loads(respond_json)
         except ValueError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--respond") from None
+    # What the resume consumer refuses at its first check, and no store can look up.
+    refuse_non_text(
+        (
+            ("SNAPSHOT_ID", snapshot_id),
+            ("--token", resume_token),
+            ("--respond", output),
+            ("--ref", list(refs)),
+            ("--feedback", feedback),
+            ("--reviewer", reviewer),
+        ),
+        "; nothing was sent",
+    )
     settings = shared_broker(settings_of(app, broker, store))
     sql = read_store(settings.store_url, settings.server_timeout)
 
