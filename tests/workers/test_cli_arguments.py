@@ -1,5 +1,6 @@
-"""Arguments that hold no text (bytes that are no UTF-8 reach Python as lone
-surrogates) are one line, before any store is read or anything is sent."""
+"""Arguments that cannot work are one line, before any store is read or anything is
+sent: ids and other text holding bytes that are no UTF-8 (they reach Python as lone
+surrogates), and a demo pointed at a broker of its own process."""
 
 from __future__ import annotations
 
@@ -92,3 +93,16 @@ def test_an_argument_that_is_no_text_is_one_line(
     assert result.returncode == 1, ascii(result.describe())
     assert result.stderr == f"error: INVALID_ARGUMENT: {said}\n", ascii(result.describe())
     assert result.stdout == "", ascii(result.describe())
+
+
+def test_demo_given_a_memory_broker_says_to_leave_broker_out() -> None:
+    """`--broker` points the demo at running processes, which no `memory://` broker
+    reaches; the demo's own in-process broker is what leaving the flag out gives."""
+    result = run_cli("demo", "--approve", "--broker", "memory://", timeout=60)
+    assert result.returncode == 1, result.describe()
+    assert result.stderr == (
+        "error: INVALID_ARGUMENT: a memory:// broker lives inside one process: nothing sent "
+        "there reaches a worker or a resume consumer; use redis://HOST:6379/0 or "
+        "amqp://HOST:5672//; or leave --broker out: the demo then runs everything in this "
+        "process, on a memory:// broker of its own\n"
+    ), result.describe()

@@ -110,7 +110,16 @@ def demo(
     if in_process and (broker is not None or store is not None):
         raise click.UsageError("--in-process uses no queues and no store: drop --broker, --store")
     if broker is not None:
-        shared_broker(settings_of(broker=broker, store=store))
+        try:
+            shared_broker(settings_of(broker=broker, store=store))
+        except StatusError as exc:
+            if not broker.startswith("memory://"):
+                raise
+            raise StatusError(
+                exc.status,
+                f"{exc.message}; or leave --broker out: the demo then runs everything in "
+                "this process, on a memory:// broker of its own",
+            ) from None
     if store is not None:  # the embedded worker's and consumer's: checked before anything runs
         settings = shared_store(settings_of(store=store))
         reach_store(settings.store_url, settings.server_timeout)
