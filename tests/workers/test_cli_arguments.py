@@ -106,3 +106,17 @@ def test_demo_given_a_memory_broker_says_to_leave_broker_out() -> None:
         "amqp://HOST:5672//; or leave --broker out: the demo then runs everything in this "
         "process, on a memory:// broker of its own\n"
     ), result.describe()
+
+
+def test_audit_of_no_session_names_the_store_and_an_empty_id_is_refused(store: str) -> None:
+    unknown = run_cli("audit", "no-such-session", "--store", store, timeout=60)
+    assert unknown.returncode == 1, unknown.describe()
+    assert unknown.stderr == (
+        "error: NOT_FOUND: no session no-such-session in the store at "
+        f"{store} (check --store or INTERLOCK_STORE_URL)\n"
+    ), unknown.describe()
+    empty = run_cli("audit", "", "--store", store, timeout=60)
+    assert empty.returncode == 1, empty.describe()
+    assert empty.stderr == ("error: INVALID_ARGUMENT: SESSION_ID is empty: give a session id\n"), (
+        empty.describe()
+    )

@@ -29,6 +29,7 @@ from .base import (
     main,
     missing_sqlite_file,
     no_tables,
+    not_in,
     reach_store,
     read_store,
     refuse_non_text,
@@ -406,6 +407,8 @@ def audit(session_id: str, store: str | None) -> None:
     from ..audit import session_history
 
     refuse_non_text((("SESSION_ID", session_id),), ": no session id holds one")
+    if not session_id.strip():
+        raise StatusError(Status.INVALID_ARGUMENT, "SESSION_ID is empty: give a session id")
     url = store_url_of(store)
     sql = read_store(url, server_timeout())
     try:
@@ -418,7 +421,6 @@ def audit(session_id: str, store: str | None) -> None:
     finally:
         sql.dispose()
     if not entries:
-        where = f": {empty}" if empty is not None else " in the store"
-        raise StatusError(Status.NOT_FOUND, f"no session {session_id}{where}")
+        raise StatusError(Status.NOT_FOUND, f"no session {session_id}{not_in(url, empty)}")
     for entry in entries:
         emit(entry)
