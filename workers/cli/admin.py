@@ -100,7 +100,7 @@ def demo(
     resumes. With no --broker, one process holds a broker, a worker, the resume consumer
     and a SQLite store.
 
-    The question is asked on the terminal. Piped in, a line y or n answers each
+    The question is asked on the terminal. Piped in, a line y or n (yes or no) answers each
     interrupt (an empty line declines); the end of input approves."""
     from ..demo import ask_human, run_in_process, run_on_queues
 
