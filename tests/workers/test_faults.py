@@ -1110,11 +1110,13 @@ def readable_id(message: Fuzzed) -> str | None:
     """The decision id an outcome must carry (docs/queues.md, the first check): the
     message's own when it is JSON (up to 8 MiB, past the 1 MiB limit too) and names a
     usable id (whatever its content type), else null. Bytes that are no UTF-8 elsewhere
-    in it do not hide the id (the consumer then scans the text for it)."""
+    in it do not hide the id (the consumer then scans the text for it); one in the id
+    itself makes it no id the sender sent: null (read as a lone surrogate, as the
+    consumer reads it)."""
     if len(message.body) > 8 * MAX_DECISION_BYTES:
         return None
     try:
-        data = json.loads(message.body.decode("utf-8", errors="replace"))
+        data = json.loads(message.body.decode("utf-8", errors="surrogateescape"))
     except (ValueError, RecursionError):
         return None
     found = data.get("decision_id") if isinstance(data, dict) else None
@@ -1198,6 +1200,13 @@ def test_fuzzing_the_decisions_queue(stack: FaultStack, dash: FaultDashboard, db
         message=Fuzzed(
             b'{"schema_version": 1, "decision_id": "fuzz-no-utf8", "snapshot_id": '
             b'"\xed\xa0\x80", "reviewer": "reviewer@example.com", "restart": []}',
+            "application/json",
+        )
+    )
+    @example(  # a byte that is no UTF-8 in the decision_id itself: null
+        message=Fuzzed(
+            b'{"schema_version": 1, "decision_id": "fuzz-\xed\xa0\x80", "snapshot_id": '
+            b'"s", "reviewer": "reviewer@example.com", "restart": []}',
             "application/json",
         )
     )
