@@ -120,8 +120,10 @@ class Turn:
             response: Part | None = None
             if "pendingOutput" in meta:
                 response = _response(req.name, req.ref, meta["pendingOutput"], "pending")
-                if "pendingMetadata" in meta:  # an answer kept across a re-pause
-                    response = response.model_copy(update={"metadata": meta["pendingMetadata"]})
+                if "pendingMetadata" in meta:  # an answer kept across a re-pause: its
+                    # marks (`interruptResponse`) stay beside §3's `source: "pending"`
+                    marks = {**meta["pendingMetadata"], "source": "pending"}
+                    response = response.model_copy(update={"metadata": marks})
             elif "interrupt" in meta and req.ref is not None and req.ref in answers:
                 answer = answers[req.ref]
                 meta["resolvedInterrupt"] = meta.pop("interrupt")

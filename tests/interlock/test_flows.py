@@ -436,15 +436,15 @@ def test_a_second_answer_to_a_pause_addressed_by_its_snapshot_is_already_resumed
     assert "from an earlier turn which is no longer pending" in ended.value.message
 
 
-def test_repause_keeps_other_answers() -> None:
-    """An answer given beside a restart that re-pauses is kept, not asked again."""
+def _x_then_y(runs: list[tuple[int, Any]]) -> tuple[Agent, InterruptibleTool[Any, Any, Any]]:
+    """An agent whose model calls `twoStep` twice (refs x, n=1 and y, n=2): each call
+    interrupts; restarted at step 1, y interrupts again (step 2), x runs to its output."""
     ai = Interlock()
-    runs: list[Any] = []
 
     @ai.interruptible_tool(name="twoStep", description="two approvals")
     def two_step(inp: Num, res: TwoStepReply | None) -> Result:
-        runs.append(res)
-        if res is None or res.step == 1:
+        runs.append((inp.n, res))
+        if res is None or (inp.n == 2 and res.step == 1):
             interrupt(Step(step=1 if res is None else 2))
         return Result(value=inp.n)
 
@@ -457,6 +457,13 @@ def test_repause_keeps_other_answers() -> None:
         ),
     )
     agent = ai.define_agent("two", model=model, tools=[two_step], store=InMemorySessionStore())
+    return agent, two_step
+
+
+def test_repause_keeps_other_answers() -> None:
+    """An answer given beside a restart that re-pauses is kept, not asked again."""
+    runs: list[tuple[int, Any]] = []
+    agent, two_step = _x_then_y(runs)
     out = agent.run_text("go")
     x, y = out.interrupts
     again = agent.run(
@@ -473,15 +480,46 @@ def test_repause_keeps_other_answers() -> None:
     )
     assert final.text == 'results: [{"value": 100}, {"value": 2}]'
     assert len(runs) == 4
-    # The tool message says how each output came: x's from the answer given before the
-    # re-pause (its respond mark kept), y's from its restart.
+    # §3: what waited in the message as pendingOutput comes back as source "pending";
+    # x's answer, given before the re-pause, keeps its respond mark beside it. y's output
+    # came from its restart in this turn.
     snap = agent.store.get_snapshot(final.snapshot_id or "") if agent.store else None
     assert snap is not None
     tool = [m for m in snap.messages if m.role == "tool"][-1]
     marks = [(p.tool_response.ref, p.metadata) for p in tool.content if p.tool_response]
-    assert marks == [("x", {"interruptResponse": True}), ("y", {"source": "restart"})]
+    assert marks == [
+        ("x", {"interruptResponse": True, "source": "pending"}),
+        ("y", {"source": "restart"}),
+    ]
     requests = [p for m in snap.messages if m.role == "model" for p in m.content if p.tool_request]
     assert not any({"pendingOutput", "pendingMetadata"} & set(p.metadata or {}) for p in requests)
+
+
+def test_a_restart_that_completed_beside_a_repause_comes_back_pending() -> None:
+    """A restarted call that ran to its output in a resume that paused again (another
+    call re-paused) waits as pendingOutput; the next resume gives it back with
+    `source: "pending"` (§3), and it does not run again."""
+    runs: list[tuple[int, Any]] = []
+    agent, two_step = _x_then_y(runs)
+    out = agent.run_text("go")
+    x, y = out.interrupts
+    reply = TwoStepReply(step=1, ok=True)
+    again = agent.run(
+        ToolResume(restart=[two_step.resume(x, reply), two_step.resume(y, reply)]),
+        session_id=out.session_id,
+    )
+    assert [p.tool_request.ref for p in again.interrupts if p.tool_request] == ["y"]
+    final = agent.run(
+        ToolResume(restart=[two_step.resume(again.interrupts[0], TwoStepReply(step=2, ok=True))]),
+        session_id=out.session_id,
+    )
+    assert final.text == 'results: [{"value": 1}, {"value": 2}]'
+    assert [n for n, _ in runs] == [1, 2, 1, 2, 2], "x ran once after its restart"
+    snap = agent.store.get_snapshot(final.snapshot_id or "") if agent.store else None
+    assert snap is not None
+    tool = [m for m in snap.messages if m.role == "tool"][-1]
+    marks = [(p.tool_response.ref, p.metadata) for p in tool.content if p.tool_response]
+    assert marks == [("x", {"source": "pending"}), ("y", {"source": "restart"})]
 
 
 # -- completed calls beside an interrupt run once --------------------------------------------
