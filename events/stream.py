@@ -88,10 +88,17 @@ class EventStream:
         self.close()
 
     def close(self, delete: bool = False) -> None:
+        """Stop reading; with `delete`, delete the queue and its bindings too. A queue
+        whose connection was closed first cannot be deleted: ConnectionError says so."""
         channel = self._consumer.channel
         try:
             self._consumer.cancel()
             if delete:
+                if getattr(channel, "connection", None) is None:  # closed with its connection
+                    raise ConnectionError(
+                        f"the connection to the broker was closed before the queue "
+                        f"{self.queue.name} could be deleted"
+                    )
                 self.queue.bind(channel).delete()
         finally:
             if channel is not None:

@@ -67,3 +67,25 @@ def test_messages_that_are_no_event_of_this_release_are_skipped(
     assert any("turn.completed" in w for w in warnings), "names where the event is wrong"
     quiet = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert any("'dash.note'" in m for m in quiet), quiet
+
+
+def test_deleting_a_queue_whose_connection_was_closed_says_so(broker_url: str) -> None:
+    """`close(delete=True)` after the connection was closed raises ConnectionError naming
+    the queue (which the CLI reports as a queue left behind), not an AttributeError from
+    inside kombu; the queue and its binding are still there, and a new connection reads
+    what was published since and deletes it."""
+    name = f"test.stream.{uuid.uuid4().hex[:8]}"
+    with Connection(broker_url) as conn:
+        stream = EventStream.bind(conn, name)  # durable: it outlives its connection
+    with pytest.raises(ConnectionError, match=f"before the queue {name} could be deleted"):
+        stream.close(delete=True)
+    event = TurnExpired(agent="kept")
+    with Connection(broker_url) as conn:
+        Producer(conn.default_channel, exchange=EVENTS).publish(
+            event.model_dump_json(), routing_key=event.type, content_type="application/json"
+        )
+        again = EventStream.bind(conn, name)
+        try:
+            assert again.next(WAIT).event_id == event.event_id
+        finally:
+            again.close(delete=True)
