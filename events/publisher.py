@@ -21,7 +21,14 @@ from schemas import DeadLetter, Decision, EventBase
 
 from .topology import DECISIONS, DECISIONS_DEAD, EVENTS, all_queues
 
-__all__ = ["RETRY_POLICY", "PublishRefused", "Publisher", "TopologyConflict", "declare"]
+__all__ = [
+    "RETRY_POLICY",
+    "PublishRefused",
+    "Publisher",
+    "TopologyConflict",
+    "declare",
+    "message_counts",
+]
 
 RETRY_POLICY: dict[str, Any] = {
     "max_retries": 10,
@@ -63,6 +70,21 @@ def declare(connection: Connection) -> None:
         ) from exc
     finally:
         with contextlib.suppress(Exception):  # a refused declaration closed the channel
+            channel.close()
+
+
+def message_counts(connection: Connection) -> dict[str, int]:
+    """How many messages wait on each of Interlock's queues, by name: those ready to be
+    read, not those a process has taken and not yet acked. Each queue is declared as
+    `declare` does (a passive declaration would not do: on Redis an empty queue does
+    not exist)."""
+    channel = connection.channel()
+    try:
+        return {
+            queue.name: queue.bind(channel).queue_declare().message_count for queue in all_queues()
+        }
+    finally:
+        with contextlib.suppress(Exception):
             channel.close()
 
 

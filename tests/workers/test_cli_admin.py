@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -10,9 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from kombu.connection import Connection
+from kombu.messaging import Producer
 from sqlalchemy import create_engine, inspect, text
 
-from tests.queue_helpers import APP, child_env, interlock_bin, run_cli
+from events.topology import all_queues
+from tests.queue_helpers import APP, child_env, interlock_bin, rabbitmq_vhost, run_cli
 from tests.services import free_port, start_redis
 from workers.settings import redact_url
 
@@ -26,6 +30,26 @@ TABLES = [
     "interlock_snapshot",
     "interlock_turn_lease",
 ]
+
+
+QUEUES = [
+    "interlock.turns",
+    "interlock.interrupted",
+    "interlock.decisions",
+    "interlock.decisions.dead",
+    "interlock.turns.dead",
+]
+NONE_WAITING = dict.fromkeys(QUEUES, 0)
+"""What `health` counts on a broker where no message waits."""
+
+
+def counted(report: dict[str, object]) -> dict[str, object]:
+    """`report` with its `queues` checked (a count for each queue; other tests' messages
+    may wait on a broker shared with them) and set to NONE_WAITING."""
+    queues = report["queues"]
+    assert isinstance(queues, dict) and list(queues) == QUEUES, report
+    assert all(type(n) is int and n >= 0 for n in queues.values()), report
+    return report | {"queues": NONE_WAITING}
 
 
 THEIR_SNAPSHOTS = "CREATE TABLE interlock_snapshot (snapshot_id TEXT, x INTEGER)"
@@ -104,7 +128,8 @@ def test_health_reads_the_store_url_as_the_store_does(tmp_path: Path, redis_url:
     store = f"sqlite:///{tmp_path}/h.db?synchronous=normal"
     missing = run_cli("health", "--broker", redis_url, "--store", store, timeout=60)
     assert missing.returncode == 0, missing.describe()  # it can be made where it is
-    assert missing.json_lines() == [{"broker": "ok", "store": "ok"}]
+    [report] = missing.json_lines()
+    assert counted(report) == {"broker": "ok", "store": "ok", "queues": NONE_WAITING}
     assert not (tmp_path / "h.db").exists(), "health makes no store"
     nowhere = f"sqlite:///{tmp_path}/no/such/dir/h.db"
     bad = run_cli("health", "--broker", redis_url, "--store", nowhere, timeout=60)
@@ -121,7 +146,8 @@ def test_health_reads_the_store_url_as_the_store_does(tmp_path: Path, redis_url:
     assert run_cli("migrate", "--store", store, timeout=60).returncode == 0
     result = run_cli("health", "--broker", redis_url, "--store", store, timeout=60)
     assert result.returncode == 0, result.describe()
-    assert result.json_lines() == [{"broker": "ok", "store": "ok"}]
+    [report] = result.json_lines()
+    assert counted(report) == {"broker": "ok", "store": "ok", "queues": NONE_WAITING}
     assert "Warning" not in result.stderr, result.stderr
     down = run_cli(
         "health",
@@ -423,9 +449,16 @@ def test_health_takes_no_heartbeat_dated_ahead_of_its_clock_nor_a_folder(
         f"error: INVALID_ARGUMENT: the heartbeat file {folder} is a directory: check "
         "--heartbeat-file: it names the file a worker or a resume consumer touches"
     )
-    assert result.json_lines() == [
-        {"broker": "ok", "store": "ok", "heartbeat_age": None, "heartbeat": said}
-    ], result.describe()
+    [report] = result.json_lines()
+    assert counted(report) == (
+        {
+            "broker": "ok",
+            "store": "ok",
+            "queues": NONE_WAITING,
+            "heartbeat_age": None,
+            "heartbeat": said,
+        }
+    ), result.describe()
     assert result.stderr.strip() == f"error: UNAVAILABLE: unhealthy: heartbeat {said}"
     fresh = tmp_path / "fresh.alive"
     fresh.touch()
@@ -449,16 +482,18 @@ def test_health_refuses_what_lives_in_one_process_and_names_the_store_that_fails
         "there reaches a worker or a resume consumer; use redis://HOST:6379/0 or "
         "amqp://HOST:5672//"
     )
-    assert result.json_lines() == [{"broker": said, "store": "ok"}], result.describe()
+    expected = {"broker": said, "store": "ok", "queues": None}
+    assert result.json_lines() == [expected], result.describe()
     assert result.stderr.strip() == f"error: UNAVAILABLE: unhealthy: broker {said}"
     result = run_cli("health", "--broker", redis_url, "--store", "sqlite://", timeout=60)
     assert result.returncode == 1, result.describe()
     [report] = result.json_lines()
-    assert report == {
+    assert counted(report) == {
         "broker": "ok",
         "store": "error: INVALID_ARGUMENT: the store sqlite:// is a SQLite database in "
         "memory: it lives inside one process, and no other process (the worker's, the "
         "resume consumer) sees it; give a file (sqlite:///interlock.db) or a PostgreSQL URL",
+        "queues": NONE_WAITING,
     }, report
     down = f"postgresql+psycopg://nobody:s3cret@127.0.0.1:{free_port()}/x"
     result = run_cli("health", "--broker", redis_url, "--store", down, timeout=60)
@@ -1066,3 +1101,41 @@ def test_a_served_process_refuses_tables_of_interlocks_names_that_lack_its_colum
         assert inspect(theirs).get_table_names() == ["interlock_snapshot"], "nothing made"
     finally:
         theirs.dispose()
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_health_counts_the_messages_waiting_on_each_queue(broker: str, tmp_path: Path) -> None:
+    """`queues` counts what waits on each of Interlock's queues: a backlog of turns, or
+    dead letters, shows there. Counts are figures, not checks: health still passes. A
+    broker that cannot be reached has none (null)."""
+    store = f"sqlite:///{tmp_path}/h.db"
+    with contextlib.ExitStack() as stack:
+        if broker == "redis":  # its own: no other test's message waits there
+            server = start_redis(tmp_path / "redis")
+            stack.callback(server.stop)
+            url = server.url
+        else:
+            url = stack.enter_context(rabbitmq_vhost())
+        empty = run_cli("health", "--broker", url, "--store", store, timeout=60)
+        assert empty.returncode == 0, empty.describe()
+        assert empty.json_lines() == [{"broker": "ok", "store": "ok", "queues": NONE_WAITING}]
+        waiting = {"interlock.turns": 3, "interlock.decisions.dead": 2, "interlock.decisions": 1}
+        with Connection(url) as conn:
+            producer = Producer(conn.default_channel)
+            for name, count in waiting.items():
+                queue = next(q for q in all_queues() if q.name == name)
+                for n in range(count):
+                    producer.publish(
+                        {"n": n}, exchange=queue.exchange, routing_key=queue.routing_key,
+                        serializer="json", retry=True,
+                    )  # fmt: skip
+        counted = run_cli("health", "--broker", url, "--store", store, timeout=60)
+        assert counted.returncode == 0, counted.describe()
+        assert counted.json_lines() == [
+            {"broker": "ok", "store": "ok", "queues": NONE_WAITING | waiting}
+        ]
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    down = run_cli("health", "--broker", nobody, "--store", store, timeout=60)
+    assert down.returncode == 1, down.describe()
+    [report] = down.json_lines()
+    assert report["queues"] is None and report["broker"].startswith("error: UNAVAILABLE"), report

@@ -9,6 +9,7 @@ long as its `--timeout` says."""
 
 from __future__ import annotations
 
+import json
 import selectors
 import socket
 import subprocess
@@ -206,7 +207,7 @@ def test_health_gives_up_on_a_silent_broker(silent: SilentServer, tmp_path: Path
         silent, proc, took, f"error: UNAVAILABLE: unhealthy: broker error: {broker_line(silent)}"
     )
     assert proc.stdout.strip() == (
-        f'{{"broker": "error: {broker_line(silent)}", "store": "ok"}}'
+        f'{{"broker": "error: {broker_line(silent)}", "store": "ok", "queues": null}}'
     ), describe(proc, took)
 
 
@@ -433,7 +434,9 @@ def test_health_gives_up_on_a_silent_store(silent: SilentServer, redis_url: str)
     proc, took = timed("health", "--broker", redis_url, "--store", store)
     said = f"UNAVAILABLE: connection timeout expired ({shown})"  # which store: named
     ended_unavailable(silent, proc, took, f"error: UNAVAILABLE: unhealthy: store error: {said}")
-    assert proc.stdout.strip() == f'{{"broker": "ok", "store": "error: {said}"}}'
+    report = json.loads(proc.stdout)
+    assert report == {"broker": "ok", "store": f"error: {said}", "queues": report["queues"]}
+    assert all(type(n) is int for n in report["queues"].values()), report
 
 
 @pytest.mark.parametrize(

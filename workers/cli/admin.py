@@ -215,14 +215,19 @@ def migrate(store: str | None) -> None:
 def health(
     broker: str | None, store: str | None, heartbeat_file: str | None, max_age: float
 ) -> None:
-    """Check the broker, the store and (optionally) a heartbeat file; exit 1 if any fails."""
+    """Check the broker, the store and (optionally) a heartbeat file; exit 1 if any fails.
+
+    The JSON line also counts the messages waiting on each of Interlock's queues
+    (`queues`; null when the broker fails): a backlog on interlock.turns, or dead
+    letters, show there."""
     from sqlalchemy import text
 
-    from events.publisher import TopologyConflict, declare
+    from events.publisher import TopologyConflict, declare, message_counts
     from interlock.stores.sql import make_engine
 
     settings = settings_of(broker=broker, store=store)
     report: dict[str, Any] = {}
+    counts: dict[str, int] | None = None
     try:
         shared_broker(settings)  # one in this process alone is no broker of the others'
         within = settings.server_timeout  # a broker that never answers: one try, given up
@@ -233,6 +238,7 @@ def health(
         ) as conn:
             conn.ensure_connection(max_retries=1, timeout=within)
             declare(conn)  # as workers do: one the broker holds declared otherwise shows
+            counts = message_counts(conn)
         report["broker"] = "ok"
     except TopologyConflict as exc:
         report["broker"] = f"error: {Status.FAILED_PRECONDITION.value}: {exc}"
@@ -266,13 +272,17 @@ def health(
         said = _unusable(exc) if known is None else f"{known[0].value}: {known[1]}"
         where = redact_url(settings.store_url)  # which store: the default may not be theirs
         report["store"] = f"error: {said}" + ("" if where in said else f" ({where})")
+    report["queues"] = counts  # figures, not checks: null when the broker failed
     if heartbeat_file:
         report["heartbeat_age"], report["heartbeat"] = _heartbeat(Path(heartbeat_file), max_age)
     emit(report)
-    failed = [f"{k} {v}" for k, v in report.items() if k != "heartbeat_age" and v != "ok"]
+    failed = [f"{k} {v}" for k, v in report.items() if k not in _FIGURES and v != "ok"]
     if failed:
         fail(f"{Status.UNAVAILABLE.value}: unhealthy: " + "; ".join(failed))
 
+
+_FIGURES = frozenset({"heartbeat_age", "queues"})
+"""The keys of health's report that are figures, not checks that pass or fail."""
 
 AHEAD_SLACK = 1.0
 """Seconds a heartbeat file may be dated ahead of this machine's clock and still count
