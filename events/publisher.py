@@ -8,7 +8,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from amqp.exceptions import MessageNacked
@@ -17,7 +17,7 @@ from kombu.entity import Exchange, Queue
 from kombu.exceptions import OperationalError
 from kombu.messaging import Producer
 
-from schemas import DeadLetter, Decision, EventBase
+from schemas import DeadLetter, Decision, EventBase, wire_time
 
 from .topology import DECISIONS, DECISIONS_DEAD, EVENTS, all_queues
 
@@ -226,8 +226,7 @@ def _json_value(value: Any) -> Any:
     as RFC 3339 in UTC with a "Z", as the events write times; anything else (a decimal)
     as its text."""
     if isinstance(value, datetime):  # py-amqp gives a timestamp as a naive UTC time
-        aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-        return aware.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        return wire_time(value)
     if value is None or isinstance(value, str | bool | int):
         return value
     if isinstance(value, float):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from schemas import (
@@ -16,6 +16,7 @@ from schemas import (
     Status,
     ToolResume,
     utcnow,
+    wire_time,
 )
 
 from ._json import same_json
@@ -57,12 +58,6 @@ def passed_deadline(snapshot: Snapshot) -> datetime | None:
     return deadline if deadline is not None and deadline <= utcnow() else None
 
 
-def _event_time(when: datetime) -> str:
-    """`when` as the events write it (RFC 3339 in UTC, with a "Z"): the deadline in a
-    refusal reads as the `expires_at` its `turn.interrupted` carried."""
-    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
 def check_resumable(
     snapshot: Snapshot, claimed_by: str | None = None, *, interrupted: bool = True
 ) -> None:
@@ -87,7 +82,7 @@ def check_resumable(
         # expired: the answer it holds was in time, however late its turn runs.
         raise ResumeValidationError(
             Status.FAILED_PRECONDITION,
-            f"snapshot {sid} expired at {_event_time(deadline)} and cannot be resumed",
+            f"snapshot {sid} expired at {wire_time(deadline)} and cannot be resumed",
         )
     if snapshot.resumed_by is not None and snapshot.resumed_by != claimed_by:
         raise ResumeValidationError(

@@ -35,8 +35,9 @@ from .events import (
 )
 from .model import ModelRequest, ModelResponse, ToolDefinition, Usage
 from .parts import Media, Message, Part, Resource, Role, ToolRequest, ToolResponse
-from .snapshot import Snapshot, SnapshotStatus, utcnow
+from .snapshot import Snapshot, SnapshotStatus
 from .status import Status
+from .times import utcnow, wire_time
 
 __all__ = [
     "EVENT_TYPES",
@@ -81,4 +82,5 @@ __all__ = [
     "decision_adapter",
     "event_adapter",
     "utcnow",
+    "wire_time",
 ]

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, Discriminator, Field, TypeAdapter
 from ._base import Envelope
 from .agent import ErrorInfo, FinishReason
 from .parts import Message
-from .snapshot import utcnow
+from .times import utcnow
 
 __all__ = [
     "EVENT_TYPES",

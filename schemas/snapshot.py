@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 
 from pydantic import Field
@@ -10,12 +10,9 @@ from pydantic import Field
 from ._base import Omittable, WireModel
 from .agent import ErrorInfo, FinishReason
 from .parts import Message
+from .times import utcnow
 
-__all__ = ["Snapshot", "SnapshotStatus", "utcnow"]
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
+__all__ = ["Snapshot", "SnapshotStatus"]
 
 
 class SnapshotStatus(StrEnum):

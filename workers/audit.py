@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any
 
 from events.decision_log import DecisionLog
 from interlock import FinishReason, SnapshotStatus, SqlSessionStore
 from interlock.stores.sql_journal import refused_turns
+from schemas import wire_time
 
-__all__ = ["session_history", "wire_time"]
-
-
-def wire_time(when: datetime) -> str:
-    """`when` in RFC 3339, in UTC with a "Z" as the events write it, always with its
-    microseconds, so that such strings sort as the times do (a naive time is UTC)."""
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return when.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+__all__ = ["session_history"]
 
 
 def _snapshot_entries(snap: Any) -> list[dict[str, Any]]:
@@ -27,7 +19,7 @@ def _snapshot_entries(snap: Any) -> list[dict[str, Any]]:
     if snap.status == SnapshotStatus.EXPIRED:
         asked = _snapshot_entry(snap, "interrupted")
         expired = {
-            "at": wire_time(snap.expires_at or snap.created_at),
+            "at": wire_time(snap.expires_at or snap.created_at, microseconds=True),
             "kind": "expired",
             "snapshot_id": snap.snapshot_id,
             "turn_id": snap.turn_id,
@@ -42,7 +34,7 @@ def _snapshot_entry(snap: Any, kind: str | None = None) -> dict[str, Any]:
     if snap.status == SnapshotStatus.COMPLETED:
         kind = "interrupted" if snap.finish_reason == FinishReason.INTERRUPTED else "completed"
     entry: dict[str, Any] = {
-        "at": wire_time(snap.created_at),
+        "at": wire_time(snap.created_at, microseconds=True),
         "kind": kind,
         "snapshot_id": snap.snapshot_id,
         "turn_id": snap.turn_id,
@@ -54,7 +46,9 @@ def _snapshot_entry(snap: Any, kind: str | None = None) -> dict[str, Any]:
             for p in message.interrupts
             if p.tool_request is not None
         ]
-        entry["expires_at"] = wire_time(snap.expires_at) if snap.expires_at else None
+        entry["expires_at"] = (
+            wire_time(snap.expires_at, microseconds=True) if snap.expires_at else None
+        )
         entry["resumed_by"] = snap.resumed_by
     elif kind == "completed" and message is not None:
         entry["text"] = message.text
@@ -83,12 +77,17 @@ def session_history(
     entries = [entry for snap in snaps for entry in _snapshot_entries(snap)]
     for turn_id, error, when in refused_turns(store, session_id):
         entries.append(
-            {"at": wire_time(when), "kind": "refused", "turn_id": turn_id, "error": error}
+            {
+                "at": wire_time(when, microseconds=True),
+                "kind": "refused",
+                "turn_id": turn_id,
+                "error": error,
+            }
         )
     for record in decisions.for_session(session_id) if decisions is not None else []:
         entries.append(
             {
-                "at": wire_time(record.received_at),
+                "at": wire_time(record.received_at, microseconds=True),
                 "kind": "decision",
                 "decision_id": record.decision_id,
                 "snapshot_id": record.snapshot_id,

@@ -34,8 +34,8 @@ from interlock import (
     interrupt,
     scripted,
 )
-from schemas import DecisionAccepted, DecisionRejected, ErrorInfo
-from workers.audit import session_history, wire_time
+from schemas import DecisionAccepted, DecisionRejected, ErrorInfo, wire_time
+from workers.audit import session_history
 from workers.cli import main
 
 
@@ -295,7 +295,7 @@ def test_audit_shows_what_an_expired_pause_asked(sql_store: SqlSessionStore) -> 
     asked, ended = entries
     assert asked["interrupts"][0]["payload"] == {"n": 4}
     assert expired.expires_at is not None
-    assert asked["expires_at"] == ended["at"] == wire_time(expired.expires_at)
+    assert asked["expires_at"] == ended["at"] == wire_time(expired.expires_at, microseconds=True)
     assert asked["at"] < ended["at"]
     assert ended["snapshot_id"] == asked["snapshot_id"] == soon.snapshot_id
 

@@ -1,7 +1,7 @@
 """Wire models (docs/concepts.md): Genkit's camelCase JSON parses and dumps back unchanged."""
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -25,6 +25,8 @@ from schemas import (
     ToolResponse,
     ToolResume,
     TurnEnd,
+    TurnExpired,
+    wire_time,
 )
 
 
@@ -480,3 +482,16 @@ def test_nulls_inside_json_values_are_kept() -> None:
     }
     response = ToolResponse(name="t", ref="1", output=None)
     assert response.model_dump(mode="json") == {"name": "t", "ref": "1"}
+
+
+@pytest.mark.parametrize("micro", [0, 5, 123456])
+def test_wire_time_writes_times_as_the_events_do(micro: int) -> None:
+    """One formatter for every time on the wire: UTC with a "Z", as an event's own times
+    are written; a naive time is UTC; `microseconds` always gives six digits, so such
+    strings sort as the times do."""
+    paris = datetime(2026, 3, 1, 13, 4, 5, micro, tzinfo=timezone(timedelta(hours=1)))
+    naive = datetime(2026, 3, 1, 12, 4, 5, micro)
+    written = json.loads(TurnExpired(occurred_at=paris).model_dump_json())["occurred_at"]
+    assert wire_time(paris) == wire_time(naive) == written
+    assert written.startswith("2026-03-01T12:04:05") and written.endswith("Z")
+    assert wire_time(naive, microseconds=True) == f"2026-03-01T12:04:05.{micro:06d}Z"

@@ -13,8 +13,7 @@ from sqlalchemy import text
 
 import workers.maintenance
 from examples.banking import ai
-from schemas import TurnInterrupted
-from schemas.snapshot import utcnow
+from schemas import TurnInterrupted, utcnow
 from tests.services import eventually
 from workers.maintenance import Maintenance
 from workers.runtime import Runtime

@@ -16,10 +16,9 @@ from examples.banking import TransferOutput, bankingAgent, transferMoney
 from interlock import FinishReason, SqlSessionStore, ToolResume
 from interlock.stores.sql import metadata as store_metadata
 from interlock.stores.sql_journal import REFUSED, SqlTurnJournal, journal_metadata, session_lease
-from schemas import utcnow
+from schemas import utcnow, wire_time
 from tests.queue_helpers import run_cli
 from tests.sql_helpers import database_url
-from workers.audit import wire_time
 from workers.retention import Pruned, prune_sessions
 
 SNAP: Table = store_metadata.tables["interlock_snapshot"]
@@ -292,7 +291,9 @@ def test_prune_takes_a_duration_and_says_what_it_cannot_read(tmp_path: Path) -> 
         assert ran.returncode == 0, ran.describe()
         line = json.loads(ran.stdout)
         assert line["sessions"] == 0 and line["dry_run"] is False, line
-        assert line["cutoff"].endswith("Z") and line["cutoff"] < wire_time(utcnow()), line
+        assert line["cutoff"].endswith("Z") and line["cutoff"] < wire_time(
+            utcnow(), microseconds=True
+        ), line
         assert "nothing to prune: no store at" in ran.stderr
     assert list(tmp_path.iterdir()) == []
 

@@ -125,12 +125,12 @@ def prune(older_than: float, dry_run: bool, batch: int, store: str | None) -> No
 
 def _report(url: str, cutoff: datetime, dry_run: bool, done: Pruned) -> None:
     """The command's JSON line: the store, the cutoff, and what was (or would be) deleted."""
-    from ..audit import wire_time
+    from schemas import wire_time
 
     emit(
         {
             "store": redact_url(url),
-            "cutoff": wire_time(cutoff),
+            "cutoff": wire_time(cutoff, microseconds=True),
             "dry_run": dry_run,
             **done.as_dict(),
         }

@@ -352,16 +352,15 @@ def _pending_row(snap: Snapshot) -> dict[str, Any]:
     `expired`: its deadline has passed, so an answer is refused, though the resume
     consumer's sweep has not marked it yet."""
     from interlock.resume import passed_deadline
-
-    from ..audit import wire_time
+    from schemas import wire_time
 
     message = snap.last_model_message
     return {
         "snapshot_id": snap.snapshot_id,
         "session_id": snap.session_id,
         "agent": snap.agent,
-        "created_at": wire_time(snap.created_at),
-        "expires_at": wire_time(snap.expires_at) if snap.expires_at else None,
+        "created_at": wire_time(snap.created_at, microseconds=True),
+        "expires_at": wire_time(snap.expires_at, microseconds=True) if snap.expires_at else None,
         "expired": passed_deadline(snap) is not None,
         "interrupts": [
             {
