@@ -270,7 +270,8 @@ def test_schemas_check_names_each_file_amiss_and_the_command_that_writes_them(
 ) -> None:
     """One file missing is named as such (not "no schema files"); a .schema.json file no
     model writes (a message renamed or dropped) fails the check, named; the hint is the
-    command that writes the folder checked: `make schemas` for docs/schemas only."""
+    command that writes the folder checked: `make schemas` for docs/schemas only, where
+    a Makefile has that target (a checkout of Interlock's)."""
     import shlex
 
     from schemas.json_schema import message_schemas
@@ -302,13 +303,18 @@ def test_schemas_check_names_each_file_amiss_and_the_command_that_writes_them(
     event = tmp_path / "docs" / "schemas" / "event.schema.json"
     event.write_text(event.read_text() + "\n")
     (event.parent / "decision.schema.json").unlink()
-    stale = run_cli("schemas", "--check", cwd=tmp_path, timeout=60)
-    assert stale.returncode == 1, stale.describe()
-    assert stale.stderr == (
+    said = (
         "error: FAILED_PRECONDITION: schemas are out of date in docs/schemas: missing "
         "docs/schemas/decision.schema.json; different from the models: "
-        "docs/schemas/event.schema.json (run `make schemas`)\n"
-    ), stale.describe()
+        "docs/schemas/event.schema.json (run `{}`)\n"
+    )
+    stale = run_cli("schemas", "--check", cwd=tmp_path, timeout=60)  # no checkout
+    assert stale.returncode == 1, stale.describe()
+    assert stale.stderr == said.format("interlock schemas --out docs/schemas"), stale.describe()
+    (tmp_path / "Makefile").write_text((ROOT / "Makefile").read_text())  # a checkout's
+    stale = run_cli("schemas", "--check", cwd=tmp_path, timeout=60)
+    assert stale.returncode == 1, stale.describe()
+    assert stale.stderr == said.format("make schemas"), stale.describe()
 
 
 def test_migrate_erases_tokens_an_older_release_kept(tmp_path: Path, pg_url: str) -> None:

@@ -329,6 +329,16 @@ SCHEMAS_DIR = "docs/schemas"
 """Where `make schemas` writes the schemas (`interlock schemas --out docs/schemas`)."""
 
 
+def _makes_schemas(makefile: Path) -> bool:
+    """Whether `makefile` has a `schemas` target, as Interlock's checkout has: where it
+    does not, the hint is the command itself."""
+    try:
+        text = makefile.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(line.startswith("schemas:") for line in text.splitlines())
+
+
 @main.command(short_help="Write or check the JSON Schemas of the queue messages.")
 @click.option(
     "--out",
@@ -383,7 +393,7 @@ def schemas(out_dir: str, check: bool) -> None:
     )
     write = (
         "make schemas"
-        if Path(out_dir) == Path(SCHEMAS_DIR)
+        if Path(out_dir) == Path(SCHEMAS_DIR) and _makes_schemas(Path("Makefile"))
         else f"interlock schemas --out {shlex.quote(out_dir)}"
     )
     if len(missing) == len(wanted) and not extra:
