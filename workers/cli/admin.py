@@ -26,7 +26,6 @@ from .base import (
     error_line,
     fail,
     interlock_metadata,
-    main,
     missing_sqlite_file,
     no_tables,
     not_in,
@@ -44,12 +43,12 @@ from .base import (
     unused,
 )
 
-__all__: list[str] = []
+__all__ = ["audit", "demo", "health", "migrate", "schemas"]
 
 DEMO_TEXT = "Transfer $500 to my savings account."
 
 
-@main.command(short_help="The banking agent end to end; no server needed.")
+@click.command(short_help="The banking agent end to end; no server needed.")
 @click.option("--approve", is_flag=True, help="Approve without asking.")
 @click.option("--deny", is_flag=True, help="Deny without asking.")
 @click.option("--text", default=DEMO_TEXT, show_default=True, help="What the user asks.")
@@ -150,7 +149,7 @@ def demo(
         )
 
 
-@main.command(short_help="Create the store's tables (once per deployment).")
+@click.command(short_help="Create the store's tables (once per deployment).")
 @store_option
 @unused("--app")
 @unused("--broker")
@@ -195,7 +194,7 @@ def migrate(store: str | None) -> None:
     )
 
 
-@main.command(short_help="Check the broker, the store and a process's heartbeat.")
+@click.command(short_help="Check the broker, the store and a process's heartbeat.")
 @broker_option
 @store_option
 @unused("--app")
@@ -339,7 +338,7 @@ def _makes_schemas(makefile: Path) -> bool:
     return any(line.startswith("schemas:") for line in text.splitlines())
 
 
-@main.command(short_help="Write or check the JSON Schemas of the queue messages.")
+@click.command(short_help="Write or check the JSON Schemas of the queue messages.")
 @click.option(
     "--out",
     "out_dir",
@@ -413,7 +412,7 @@ def schemas(out_dir: str, check: bool) -> None:
     emit({"schemas": str(folder), "checked": len(wanted)})
 
 
-@main.command(short_help="A session's interrupts, decisions and outcomes.")
+@click.command(short_help="A session's interrupts, decisions and outcomes.")
 @click.argument("session_id")
 @store_option
 @unused("--app")

@@ -1,5 +1,5 @@
-"""What every `interlock` command shares: the group, the options, the JSON output and
-the one-line errors."""
+"""What every `interlock` command shares: the options, the JSON output and the one-line
+errors."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from interlock import InterlockError, Status, StatusError, status_of
 from interlock.stores.failures import first_line as one_line
 from interlock.stores.failures import is_schema_error
 
-from ..console import Terminated, started, stop
+from ..console import Terminated, stop
 from ..settings import Settings, one_shot_store_url, redact_url
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from interlock import SqlSessionStore
 
-__all__ = ["main"]
+__all__: list[str] = []
 
 EXIT_BROKEN_PIPE = 141
 """The exit code of a command whose output was closed by its reader (128 + SIGPIPE)."""
@@ -589,29 +589,3 @@ idle_option = click.option(
     type=Seconds(min=0.1),
     help="With --burst: seconds with nothing to do before exiting.",
 )
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="interlock")
-@click.pass_context
-def main(ctx: click.Context) -> None:
-    """Interlock: agents that pause for a human and resume where they stopped.
-
-    Start with `interlock demo`. In production run `interlock worker` and
-    `interlock resume-consumer` (after `interlock migrate`, once, to create the store's
-    tables), submit turns with `interlock submit`, list what waits with `interlock
-    pending` and answer with `interlock decide`."""
-    _start_command(ctx)
-
-
-def _start_command(ctx: click.Context) -> None:
-    """Before the command `ctx` names starts: the console script has ended the process
-    on Ctrl-C and SIGTERM as a stopped command ends since it began (`workers.console`).
-    A `terminable` command goes on so until it sets its own handling; any other gets the
-    process's back (SIGTERM ends it on the spot, or it sets its own: the worker's, the
-    resume consumer's)."""
-    name = ctx.invoked_subcommand
-    group = ctx.command
-    command = group.get_command(ctx, name) if name and isinstance(group, click.Group) else None
-    if not getattr(getattr(command, "callback", None), "terminable", False):
-        started()

@@ -12,7 +12,6 @@ from ..settings import PRUNE_BATCH, PRUNE_BATCH_MAX, redact_url
 from .base import (
     clear_errors,
     emit,
-    main,
     missing_sqlite_file,
     no_tables,
     read_store,
@@ -25,6 +24,8 @@ from .base import (
 
 if TYPE_CHECKING:
     from ..retention import Pruned
+
+__all__ = ["Duration", "prune"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _LONGEST_DAYS = 36_500
@@ -58,7 +59,7 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # (generic from clic
         return seconds
 
 
-@main.command(short_help="Delete sessions idle for longer than a retention.")
+@click.command(short_help="Delete sessions idle for longer than a retention.")
 @click.option(
     "--older-than",
     required=True,

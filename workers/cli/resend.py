@@ -11,7 +11,6 @@ from .base import (
     clear_errors,
     emit,
     error_line,
-    main,
     no_tables,
     not_in,
     reach_broker,
@@ -26,8 +25,10 @@ from .base import (
 )
 from .waiter import decide_hint
 
+__all__ = ["resend"]
 
-@main.command(short_help="Announce an open interrupt again, with a new token.")
+
+@click.command(short_help="Announce an open interrupt again, with a new token.")
 @click.argument("snapshot_id")
 @broker_option
 @store_option

@@ -26,7 +26,6 @@ from .base import (
     emit,
     error_line,
     idle_option,
-    main,
     reach_store,
     settings_of,
     shared_broker,
@@ -38,7 +37,7 @@ from .base import (
 if TYPE_CHECKING:
     from kombu.connection import Connection
 
-__all__: list[str] = []
+__all__ = ["resume_consumer", "worker"]
 
 
 # -- long-running processes ---------------------------------------------------------------
@@ -93,7 +92,7 @@ _CONSUMER_EPILOG = (
 )
 
 
-@main.command(short_help="Run a Celery worker for interlock.run_turn.", epilog=_WORKER_EPILOG)
+@click.command(short_help="Run a Celery worker for interlock.run_turn.", epilog=_WORKER_EPILOG)
 @app_option
 @broker_option
 @store_option
@@ -344,7 +343,7 @@ def _reach_broker(settings: Settings) -> None:
         )
 
 
-@main.command(
+@click.command(
     "resume-consumer",
     short_help="Run the resume consumer: decisions in, resumed turns out.",
     epilog=_CONSUMER_EPILOG,

@@ -18,7 +18,6 @@ from .base import (
     clear_errors,
     emit,
     error_line,
-    main,
     missing_sqlite_file,
     no_tables,
     not_in,
@@ -49,7 +48,7 @@ if TYPE_CHECKING:
 
     from ..turn_file import FileTurn
 
-__all__: list[str] = []
+__all__ = ["decide", "pending", "submit"]
 
 
 def login_name() -> str | None:
@@ -65,7 +64,7 @@ def login_name() -> str | None:
 # -- one-shot commands -------------------------------------------------------------------
 
 
-@main.command(short_help="Enqueue a turn (or a file of them).")
+@click.command(short_help="Enqueue a turn (or a file of them).")
 @click.option(
     "--app",
     envvar="INTERLOCK_APP",
@@ -300,7 +299,7 @@ def _cut_short(exc: BaseException, turns: list[FileTurn], sent: int) -> None:
     raise StatusError(said[0], f"{said[1]} ({how_far})") from exc
 
 
-@main.command(short_help="List the open interrupts.")
+@click.command(short_help="List the open interrupts.")
 @store_option
 @unused("--app")
 @unused("--broker")
@@ -375,7 +374,7 @@ def _pending_row(snap: Snapshot) -> dict[str, Any]:
     }
 
 
-@main.command(short_help="Answer a paused turn: approve, deny or respond.")
+@click.command(short_help="Answer a paused turn: approve, deny or respond.")
 @click.argument("snapshot_id")
 @click.option(
     "--app",
