@@ -1,13 +1,14 @@
 """The `interlock` console script, and how a command stops on Ctrl-C and SIGTERM.
 
-Loading the command line takes a good part of a second (click, pydantic, SQLAlchemy's
-and kombu's modules). A signal in that time used to end a command otherwise than one
-that comes later: Ctrl-C with a `KeyboardInterrupt` traceback, SIGTERM on the spot,
-silently. The script sets the handling of both first, with nothing but the standard
-library loaded, and a start-up that either stops ends as a stopped command ends:
-`interrupted` and exit 130, `terminated` and exit 143 (`stop`). Once the command
-starts, it handles them itself (`workers.cli.base.terminable`), or the process's own
-handling is given back (`started`)."""
+Loading the command line and the module of the command given takes a moment (click's
+modules and ours; pydantic, SQLAlchemy and kombu are loaded once the command runs). A
+signal in that time used to end a command otherwise than one that comes later: Ctrl-C
+with a `KeyboardInterrupt` traceback, SIGTERM on the spot, silently. The script sets the
+handling of both first, with nothing but the standard library loaded, and a start-up
+that either stops ends as a stopped command ends: `interrupted` and exit 130,
+`terminated` and exit 143 (`stop`). Once the command starts, it handles them itself
+(`workers.cli.base.terminable`), or the process's own handling is given back
+(`started`)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,19 @@
-"""Settings from the environment, each overridable by a command-line flag."""
+"""Settings from the environment, each overridable by a command-line flag. kombu, the
+Redis transport and the runtime are imported where they are used: a command's `--help`,
+which reads the defaults here, loads none of them."""
 
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from kombu.connection import Connection
+if TYPE_CHECKING:
+    from kombu.connection import Connection
 
-from events.redis_transport import transport_for
-from interlock import Status, StatusError
-from interlock.stores.secrets import is_secret_parameter
+    from interlock import StatusError
 
 OUTBOX_RETENTION = 7 * 24 * 3600.0
 """`events.outbox.RETENTION` (a week), said again here so that reading the settings
@@ -62,6 +63,13 @@ NO_CONSUMER_HINT = "is `interlock resume-consumer` running on this broker and st
 worker, not the resume consumer."""
 
 
+def _invalid(message: str) -> StatusError:
+    """INVALID_ARGUMENT, saying `message`."""
+    from interlock import Status, StatusError
+
+    return StatusError(Status.INVALID_ARGUMENT, message)
+
+
 def _seconds(name: str, default: float, *, whole: bool = False, least: float = 0.0) -> float:
     """A positive number of seconds from the variable `name` (`default` when unset or
     empty), `least` or more where given; anything else is a clear INVALID_ARGUMENT
@@ -75,15 +83,9 @@ def _seconds(name: str, default: float, *, whole: bool = False, least: float = 0
     except ValueError:
         value = -1
     if not value > 0 or value == float("inf"):
-        raise StatusError(
-            Status.INVALID_ARGUMENT,
-            f"{name} must be {kind} of seconds greater than 0, got {raw!r}",
-        )
+        raise _invalid(f"{name} must be {kind} of seconds greater than 0, got {raw!r}")
     if value < least:
-        raise StatusError(
-            Status.INVALID_ARGUMENT,
-            f"{name} must be {kind} of seconds, {least:g} or more, got {raw!r}",
-        )
+        raise _invalid(f"{name} must be {kind} of seconds, {least:g} or more, got {raw!r}")
     return value
 
 
@@ -165,6 +167,8 @@ class Settings:
         """The kombu transport of the broker: Redis URLs get the one of
         `events.redis_transport` (kombu's, reusing its redis client); None lets kombu
         choose by the URL's scheme."""
+        from events.redis_transport import transport_for
+
         return transport_for(self.broker_url)
 
     def connection(self, *, restore_held: bool = False) -> Connection:
@@ -173,6 +177,8 @@ class Settings:
         never acks comes back as soon as its reader is found gone, not after the
         visibility timeout (`events.redis_pop.HELD`): for a consumer that waits again
         after each message, not for a Celery worker."""
+        from kombu.connection import Connection
+
         options = self.transport_options
         if restore_held and self.broker_transport is not None:
             options = {**options, "restore_held": True}
@@ -237,20 +243,15 @@ def check_broker_url(url: str) -> None:
         resolve_transport(name)
     except (KeyError, ImportError) as exc:
         reason = "is not a URL" if not sep else f"names no broker transport kombu has ({exc})"
-        raise StatusError(Status.INVALID_ARGUMENT, _bad_broker(url, reason)) from None
+        raise _invalid(_bad_broker(url, reason)) from None
     parts = urlsplit(url)
     try:
         parts.port  # noqa: B018 - raises for a port that is no number or out of range
     except ValueError as exc:
-        raise StatusError(
-            Status.INVALID_ARGUMENT, _bad_broker(url, f"has a bad port: {exc}")
-        ) from None
+        raise _invalid(_bad_broker(url, f"has a bad port: {exc}")) from None
     database = parts.path.strip("/")
     if name in ("redis", "rediss") and scheme == name and database and not database.isdigit():
-        raise StatusError(
-            Status.INVALID_ARGUMENT,
-            _bad_broker(url, f"names Redis database {database!r}, which is no number"),
-        )
+        raise _invalid(_bad_broker(url, f"names Redis database {database!r}, which is no number"))
 
 
 def _bad_broker(url: str, reason: str) -> str:
@@ -277,31 +278,27 @@ def check_store_url(url: str) -> None:
         backend = parsed.get_backend_name()
         dialect = parsed.get_dialect() if backend in STORE_BACKENDS else None
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
-        raise StatusError(
-            Status.INVALID_ARGUMENT,
+        raise _invalid(
             f"store URL {redact_url(url)!r} is not a database URL SQLAlchemy can use ({exc}): "
-            + use,
+            + use
         ) from None
     try:
         if dialect is not None:
             dialect.import_dbapi()  # the driver the URL names (psycopg2, asyncpg, ...)
     except ImportError as exc:
-        raise StatusError(
-            Status.INVALID_ARGUMENT,
+        raise _invalid(
             f"store URL {redact_url(url)!r} names the driver {parsed.get_driver_name()!r}, "
-            f"which is not installed ({exc}): {use}",
+            f"which is not installed ({exc}): {use}"
         ) from None
     if backend == "postgres":  # the short scheme of libpq and Heroku; SQLAlchemy has none
-        raise StatusError(
-            Status.INVALID_ARGUMENT,
+        raise _invalid(
             f"store URL {redact_url(url)!r}: write postgresql+psycopg:// in place of "
-            "postgres:// (SQLAlchemy does not take the short name)",
+            "postgres:// (SQLAlchemy does not take the short name)"
         )
     if backend not in STORE_BACKENDS:
-        raise StatusError(
-            Status.INVALID_ARGUMENT,
+        raise _invalid(
             f"store URL {redact_url(url)!r}: the store runs on SQLite or PostgreSQL, "
-            f"not {backend}: {use}",
+            f"not {backend}: {use}"
         )
 
 
@@ -356,6 +353,8 @@ def _query_start(rest: str, start: int) -> int:
 def _hide_secret(param: str) -> str:
     """A query parameter (`name=value`), its value hidden when the name says it is a
     secret."""
+    from interlock.stores.secrets import is_secret_parameter
+
     name, equals, _ = param.partition("=")
     if equals and is_secret_parameter(unquote(name)):
         return f"{name}=***"

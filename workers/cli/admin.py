@@ -10,10 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from kombu.connection import Connection
-
-from interlock import Status, StatusError
-from interlock.stores.failures import first_line as one_line
 
 from ..settings import one_shot_store_url, redact_url
 from .base import (
@@ -101,6 +97,8 @@ def demo(
 
     The question is asked on the terminal. Piped in, a line y or n (yes or no) answers each
     interrupt (an empty line declines); the end of input approves."""
+    from interlock import Status, StatusError
+
     from ..demo import ask_human, run_in_process, run_on_queues
 
     if approve and deny:
@@ -219,9 +217,11 @@ def health(
     The JSON line also counts the messages waiting on each of Interlock's queues
     (`queues`; null when the broker fails): a backlog on interlock.turns, or dead
     letters, show there."""
+    from kombu.connection import Connection
     from sqlalchemy import text
 
     from events.publisher import TopologyConflict, declare, message_counts
+    from interlock import Status, StatusError
     from interlock.stores.sql import make_engine
 
     settings = settings_of(broker=broker, store=store)
@@ -292,6 +292,8 @@ def _heartbeat(path: Path, max_age: float) -> tuple[float | None, str]:
     """The age of the heartbeat file `path`, in seconds (None when it has none), and what
     it says: `ok`, `stale`, `missing`, or `error: STATUS: why` for a file that cannot tell
     (a folder, a time ahead of this machine's clock, one that cannot be read)."""
+    from interlock import Status
+
     try:
         found = path.stat()
     except (FileNotFoundError, NotADirectoryError):
@@ -320,6 +322,9 @@ def _heartbeat(path: Path, max_age: float) -> tuple[float | None, str]:
 def _unusable(exc: Exception) -> str:
     """A failure that is no known refusal, with its status: its own where it has one
     (`StatusError`: its text starts with it), else UNAVAILABLE, as every command says."""
+    from interlock import Status, StatusError
+    from interlock.stores.failures import first_line as one_line
+
     said = one_line(exc)
     return said if isinstance(exc, StatusError) else f"{Status.UNAVAILABLE.value}: {said}"
 
@@ -355,7 +360,7 @@ def _makes_schemas(makefile: Path) -> bool:
 )
 def schemas(out_dir: str, check: bool) -> None:
     """Write (or --check) the JSON Schema of every queue message."""
-
+    from interlock import Status
     from schemas.json_schema import message_schemas, render
 
     folder = Path(out_dir)
@@ -422,6 +427,7 @@ def audit(session_id: str, store: str | None) -> None:
     """Print a session's history of interrupts, decisions and outcomes, one JSON line
     each, oldest first."""
     from events.decision_log import DecisionLog
+    from interlock import Status, StatusError
 
     from ..audit import session_history
 

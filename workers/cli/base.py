@@ -1,5 +1,6 @@
 """What every `interlock` command shares: the options, the JSON output and the one-line
-errors."""
+errors. The runtime, kombu, redis and SQLAlchemy are imported where they are used, here
+and in each command's module: a command's `--help` loads none of them."""
 
 from __future__ import annotations
 
@@ -19,10 +20,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from interlock import InterlockError, Status, StatusError, status_of
-from interlock.stores.failures import first_line as one_line
-from interlock.stores.failures import is_schema_error
-
 from ..console import Terminated, stop
 from ..settings import Settings, one_shot_store_url, redact_url
 
@@ -30,7 +27,7 @@ if TYPE_CHECKING:
     from kombu.connection import Connection
     from sqlalchemy import MetaData
 
-    from interlock import SqlSessionStore
+    from interlock import SqlSessionStore, Status
 
 __all__: list[str] = []
 
@@ -87,6 +84,8 @@ def refuse_non_text(values: tuple[tuple[str, Any], ...], consequence: str) -> No
     value, a string or JSON) that holds what no text can: a lone surrogate, which is how
     bytes that are no UTF-8 in an argument reach Python, or a NUL character. Neither a
     store nor the resume consumer takes one; `consequence` ends the error line."""
+    from interlock import Status, StatusError
+
     from ..decisions import unstorable
 
     for name, value in values:
@@ -99,6 +98,9 @@ def error_line(exc: Exception) -> tuple[Status, str] | None:
     """The status and one-line message that say `exc`, an Interlock error or one of a
     service that cannot be reached or used; None for any other (a bug: its traceback
     is shown)."""
+    from interlock import InterlockError, Status, status_of
+    from interlock.stores.failures import is_schema_error
+
     if isinstance(exc, InterlockError):
         return status_of(exc), getattr(exc, "message", str(exc))
     refusal = broker_refusal(exc)
@@ -127,6 +129,9 @@ def broker_refusal(exc: BaseException) -> tuple[Status, str] | None:
     broker's users."""
     from amqp.exceptions import AccessRefused, NotAllowed
     from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissionError
+
+    from interlock import Status
+    from interlock.stores.failures import first_line as one_line
 
     seen: BaseException | None = exc
     for _ in range(8):  # causes and contexts: kombu wraps some errors, not all
@@ -165,6 +170,9 @@ def store_refusal(exc: BaseException) -> tuple[Status, str] | None:
     password: UNAUTHENTICATED); None for anything else. Trying again cannot help: the
     operator must fix the URL, or make the database."""
     from sqlalchemy.exc import DBAPIError
+
+    from interlock import Status
+    from interlock.stores.failures import first_line as one_line
 
     if not isinstance(exc, DBAPIError):
         return None
@@ -259,6 +267,8 @@ def unreachable(exc: Exception) -> str | None:
     from sqlalchemy.exc import OperationalError as StoreError
 
     from events.publisher import PublishRefused
+    from interlock.stores.failures import first_line as one_line
+    from interlock.stores.failures import is_schema_error
 
     if isinstance(exc, PublishRefused):  # reached, and it said no
         return str(exc)
@@ -312,7 +322,7 @@ def read_store(url: str, seconds: float) -> SqlSessionStore:
     `audit`): it makes nothing, neither a file nor a table. A SQLite file that does not
     exist is NOT_FOUND. A server that does not answer within `seconds` is UNAVAILABLE
     (`one_shot_store_url`)."""
-    from interlock import SqlSessionStore
+    from interlock import SqlSessionStore, Status, StatusError
 
     path = missing_sqlite_file(url)
     if path is not None:
@@ -365,6 +375,8 @@ def not_in(url: str, empty: str | None) -> str:
 def check_sqlite_folder(url: str) -> None:
     """NOT_FOUND, naming it, when the folder of a SQLite store that is not there yet
     does not exist (SQLite would say only "unable to open database file")."""
+    from interlock import Status, StatusError
+
     path = missing_sqlite_file(url)
     if path is not None and not path.parent.is_dir():
         raise StatusError(
@@ -410,6 +422,8 @@ def check_columns(sql: SqlSessionStore, url: str) -> None:
     the decision log, the turn journal and leases) that the store at `url` holds
     without columns Interlock needs (another program's, or an old one), and the columns
     it lacks: nothing Interlock does there could work. Reads only."""
+    from interlock import Status, StatusError
+
     lacking = sql.lacking_columns(*interlock_metadata())
     if not lacking:
         return
@@ -519,6 +533,8 @@ def server_timeout() -> float:
 def shared_broker(settings: Settings) -> Settings:
     """`settings`, for a command that talks to other processes through the broker: an
     in-process broker (`memory://`) would lose what it sends, so it is refused."""
+    from interlock import Status, StatusError
+
     if settings.broker_url.startswith("memory://"):
         raise StatusError(
             Status.INVALID_ARGUMENT,
@@ -532,6 +548,8 @@ def shared_store(settings: Settings) -> Settings:
     """`settings`, for a command whose store other processes read: a SQLite database in
     memory lives inside one process (each worker process would have its own, which no
     resume consumer sees), so it is refused."""
+    from interlock import Status, StatusError
+
     if in_memory_sqlite(settings.store_url):
         raise StatusError(
             Status.INVALID_ARGUMENT,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import click
 
-from interlock import Status, StatusError
-
 from .base import (
     broker_option,
     clear_errors,
@@ -44,6 +42,7 @@ def resend(snapshot_id: str, broker: str | None, store: str | None) -> None:
     from events.outbox import Outbox, OutboxRelay
     from events.publisher import Publisher
     from events.snapshot_events import event_for_snapshot
+    from interlock import Status, StatusError
     from interlock.resume import check_resumable
     from schemas import TurnInterrupted
 

@@ -13,9 +13,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from interlock import Status, StatusError
-from interlock.stores.failures import first_line as one_line
-
 from ..settings import OUTBOX_RETENTION, Settings, redact_url
 from .base import (
     app_option,
@@ -53,6 +50,8 @@ def _check_store(url: str, burst: bool, who: str, seconds: float) -> None:
     waiting cannot mend them, and every turn or decision would fail on them. A server
     that takes the connection and does not answer within `seconds` (the server timeout)
     counts as one that cannot be reached, for this check only."""
+    from interlock import Status
+
     try:
         reach_store(url, seconds)
     except Exception as exc:
@@ -217,6 +216,8 @@ def _check_heartbeat(settings: Settings) -> None:
     is a wrong setting: INVALID_ARGUMENT now, not a health check failing later."""
     from pathlib import Path
 
+    from interlock import Status, StatusError
+
     from ..heartbeat import touch
 
     if settings.heartbeat_file:
@@ -240,6 +241,8 @@ def _declare_first(settings: Settings, burst: bool, logger: str) -> None:
     waited for as well, said in one line; in burst mode it ends the command
     (UNAVAILABLE)."""
     from events.publisher import TopologyConflict, declare
+    from interlock import Status, StatusError
+    from interlock.stores.failures import first_line as one_line
 
     with _startup_connection(settings) as conn:
         try:
@@ -282,6 +285,9 @@ def _no_answer(settings: Settings, exc: BaseException) -> None:
     server timeout (it took the connection and said nothing, or never took it): a
     process that started so would wait on it for good (a serving connection has no
     timeout on its replies), where it ends now, for a supervisor to start it again."""
+    from interlock import Status, StatusError
+    from interlock.stores.failures import first_line as one_line
+
     if not _timed_out(exc):
         return
     raise StatusError(
@@ -322,6 +328,8 @@ def _reach_broker(settings: Settings) -> None:
     that cannot be reached raises kombu's OperationalError, one that refuses the login
     or the vhost, or does not answer within the server timeout, a StatusError at
     once."""
+    from interlock import StatusError
+
     from ..burst import BURST_CONNECT_RETRIES
 
     with _startup_connection(settings) as conn:
@@ -372,6 +380,8 @@ def resume_consumer(
 
     With --burst it handles the decisions queued, then exits once none has come for
     --idle seconds, printing how many it handled."""
+    from interlock import Status, StatusError
+
     from ..app import create_app
     from ..burst import BURST_CONNECT_RETRIES, drain
     from ..consumer import ResumeConsumer, StopRequested

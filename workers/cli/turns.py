@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
 
-from interlock import AgentInput, Message, Part, Status, StatusError
-
 from ..console import Terminated
 from ..settings import NO_CONSUMER_HINT, redact_url
 from .base import (
@@ -219,6 +217,8 @@ def _check_sendable(text: str, session_id: str | None) -> None:
     """Refuse, before anything is sent, what a worker would refuse before the turn runs
     ("run_turn request contains ..."): a NUL character or a lone surrogate (which is
     how bytes that are no UTF-8 in an argument reach Python)."""
+    from interlock import Status, StatusError
+
     from ..decisions import unstorable
 
     for flag, value in (("--text", text), ("--session", session_id)):
@@ -256,6 +256,8 @@ def _send_turns(
 
 def _send_turn(celery_app: Celery, agent_name: str, turn: FileTurn) -> tuple[str, str]:
     """Enqueue `turn`; its turn id and session id."""
+    from interlock import AgentInput, Message, Part
+
     from ..app import send_turn
     from ..turn_file import session_for
     from ..turns import new_turn_request
@@ -280,6 +282,8 @@ def _cut_short(exc: BaseException, turns: list[FileTurn], sent: int) -> None:
     went out, and so does the error (raised in its place, with the same status), or a
     line before it for Ctrl-C, SIGTERM, a closed output or an error that is no
     service's."""
+    from interlock import StatusError
+
     if sent % PROGRESS_EVERY:  # else the last progress line says it already
         _progress(sent, len(turns))
     if sent == 0:
@@ -456,9 +460,9 @@ def decide(
     event that ends the resumed turn. What the consumer would refuse for the snapshot (a
     wrong --token, a pause answered or expired) is refused before anything is sent."""
     from events.publisher import Publisher
+    from interlock import Part, Status, StatusError, is_approval_gate
     from interlock import approve as approve_call
     from interlock import deny as deny_call
-    from interlock import is_approval_gate
     from interlock.resume import check_resumable, pending_interrupts
     from schemas import Decision, RespondEntry, RestartEntry
 

@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from interlock import Status, StatusError
-
 from ..console import Terminated
 from ..settings import (
     DEFAULT_BROKER,
@@ -26,6 +24,7 @@ from ..settings import (
 from .base import PROGRESS_EVERY, emit, error_line, reach_broker
 
 if TYPE_CHECKING:
+    from interlock import Status
     from interlock.stores.sql_journal import TurnEnding
 
 __all__ = ["Waiter", "decide_hint", "pending_hint", "repeated_flags"]
@@ -79,6 +78,8 @@ class Waiter:
         """The next event that matches; printed. Events this command waits for later
         (see `keep`) that arrive first are kept for then: a resumed turn may end before
         `decision.accepted` is read. `quiet`: no "waiting for" line on stderr."""
+        from interlock import Status, StatusError
+
         if not quiet:
             click.echo(f"waiting for {what} (up to {self.timeout:.0f}s)...", err=True)
         event = next((e for e in self._kept if match(e)), None)
@@ -105,6 +106,8 @@ class Waiter:
 
     def turn_event(self, turn_id: str) -> Any:
         """The event that ends turn `turn_id`; a failed turn exits with an error."""
+        from interlock import StatusError
+
         ends = ("turn.interrupted", "turn.completed", "turn.failed")
         try:
             event = self.next(
@@ -140,6 +143,8 @@ class Waiter:
         `ended`: those of them the store says ended before they were sent (no event
         will come for them: each is said on stderr and counted at once); None when the
         store could not say."""
+        from interlock import Status, StatusError
+
         ends = ("turn.interrupted", "turn.completed", "turn.failed")
         before = {t: ended[t] for t in dict.fromkeys(turn_ids) if t in ended} if ended else {}
         waiting = set(turn_ids) - before.keys()
@@ -272,6 +277,8 @@ def _kind(ending: TurnEnding) -> str:
 
 def _failure(ending: TurnEnding) -> tuple[Status, str] | None:
     """The status and message of a turn that ended failed (or refused, or aborted)."""
+    from interlock import Status
+
     if not isinstance(ending.error, dict):
         return None
     try:
