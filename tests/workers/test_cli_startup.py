@@ -1,0 +1,153 @@
+"""`interlock --help` and `--version` load no command's module, and a command's `--help`
+loads its module alone: neither the runtime nor kombu, redis, Celery or SQLAlchemy. The
+list of commands comes from a table (`workers.cli.commands.COMMANDS`), and reads as
+click's own list of the commands, all loaded, reads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+import pytest
+
+from tests.queue_helpers import child_env
+from workers.cli import main
+from workers.cli.commands import COMMANDS
+from workers.cli.lazy import Lazy, LazyGroup
+
+LOADS = """
+import json, sys
+
+before = set(sys.modules)
+sys.argv = ["interlock", *json.loads(sys.argv[1])]
+from workers.console import main
+
+try:
+    main()
+finally:
+    print(json.dumps(sorted(set(sys.modules) - before)), file=sys.stderr)
+"""
+"""Run `interlock ARGS` (a JSON list) in process, as the console script does; the last
+line on stderr lists the modules it loaded."""
+
+LISTING = {"workers", "workers.console", "workers.cli", "workers.cli.commands", "workers.cli.lazy"}
+"""Our modules that `interlock --help` needs."""
+
+
+def loads(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run `interlock ARGS` in a fresh interpreter; what it did, and the modules it loaded."""
+    done = subprocess.run(
+        [sys.executable, "-c", LOADS, json.dumps(args)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = done.stderr.splitlines()
+    assert lines, "no list of the modules loaded"
+    return done, set(json.loads(lines[-1]))
+
+
+def beyond_the_command_line(loaded: set[str]) -> list[str]:
+    """The packages in `loaded` other than the standard library's, click and ours."""
+    packages = {name.partition(".")[0] for name in loaded}
+    return sorted(packages - set(sys.stdlib_module_names) - {"click", "workers"})
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["-h"]], ids=" ".join)
+def test_the_group_loads_no_command(args: list[str]) -> None:
+    done, loaded = loads(*args)
+    assert done.returncode == 0, done.stderr
+    assert beyond_the_command_line(loaded) == [], "e.g. celery, kombu, redis, sqlalchemy"
+    assert {name for name in loaded if name.startswith("workers")} <= LISTING
+    if args != ["--version"]:
+        assert all(f"\n  {name} " in done.stdout for name in COMMANDS), done.stdout
+
+
+def test_a_command_that_is_none_loads_none() -> None:
+    done, loaded = loads("pendng")
+    assert done.returncode == 2, done.stderr
+    assert "No such command 'pendng'." in done.stderr
+    assert {name for name in loaded if name.startswith("workers")} <= LISTING
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_commands_help_loads_its_module_and_no_service_client(name: str) -> None:
+    done, loaded = loads(name, "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Usage: interlock {name} "), done.stdout
+    assert COMMANDS[name].where.partition(":")[0] in loaded
+    assert beyond_the_command_line(loaded) == [], "e.g. celery, kombu, redis, sqlalchemy"
+
+
+def loaded_group(group: click.Group) -> click.Group:
+    """A plain click group holding `group`'s commands, every one loaded: `interlock` as it
+    was when it imported every command's module up front."""
+    ctx = click.Context(group)
+    commands: dict[str, click.Command] = {}
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
+        commands[name] = command
+    return click.Group(
+        group.name,
+        commands=commands,
+        params=group.params,
+        callback=group.callback,
+        help=group.help,
+        context_settings=group.context_settings,
+    )
+
+
+def test_the_table_names_each_command_with_its_own_short_help() -> None:
+    ctx = click.Context(main)
+    assert main.list_commands(ctx) == sorted(COMMANDS)
+    for name, lazy in COMMANDS.items():
+        command = main.get_command(ctx, name)
+        assert command is not None, name
+        assert (command.name, command.hidden) == (name, False)
+        assert lazy.short_help == command.get_short_help_str(), name
+
+
+def test_help_completion_and_a_wrong_name_read_as_with_every_command_loaded() -> None:
+    loaded = loaded_group(main)
+    for group in (main, loaded):  # `main` loads its commands' modules only when asked
+        assert group.list_commands(click.Context(group)) == sorted(COMMANDS)
+    said: list[list[str]] = []
+    for group in (main, loaded):
+        ctx = group.make_context("interlock", [], resilient_parsing=True, terminal_width=80)
+        completions = [
+            f"{item.value}: {item.help}"
+            for incomplete in ("", "re", "-")
+            for item in group.shell_complete(ctx, incomplete)
+        ]
+        with pytest.raises(click.UsageError) as wrong:
+            group.main(["pendng"], prog_name="interlock", standalone_mode=False)
+        said.append([group.get_help(ctx), *completions, wrong.value.format_message()])
+    assert said[0] == said[1]
+    assert "audit            A session's interrupts, decisions and outcomes." in said[0][0]
+
+
+def test_a_lazy_group_lists_its_commands_without_importing_them() -> None:
+    group = LazyGroup("tool", lazy={"later": Lazy("tests.workers.no_such:later", "Runs later.")})
+    ctx = group.make_context("tool", [], resilient_parsing=True, terminal_width=80)
+    assert "  later  Runs later." in group.get_help(ctx)
+    assert [(i.value, i.help) for i in group.shell_complete(ctx, "la")] == [
+        ("later", "Runs later.")
+    ]
+    assert "later" in group.commands and "other" not in group.commands
+    assert list(group.commands) == ["later"] and len(group.commands) == 1
+    with pytest.raises(ModuleNotFoundError, match=r"tests\.workers\.no_such"):
+        group.get_command(ctx, "later")
+
+    @group.command("later", short_help="Runs now.")
+    def now() -> None:
+        """Runs now."""
+
+    assert group.get_command(ctx, "later") is now
+    assert "  later  Runs now." in group.get_help(ctx)
+    del group.commands["later"]
+    assert group.list_commands(ctx) == [] and group.get_command(ctx, "later") is None
