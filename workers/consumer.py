@@ -301,9 +301,11 @@ class ResumeConsumer(ConsumerMixin):
     def _decide(self, decision: Decision, raw: bytes) -> EventBase:
         # One read transaction for the log and the snapshot: on PostgreSQL that saves a
         # pool checkout (its pre-ping) and a BEGIN/ROLLBACK, and both come from one view.
-        store = self.rt.store
+        # The log is built (its table checked or made) before the read: built inside
+        # it, that would hold a second connection, which the pool then keeps.
+        store, decisions = self.rt.store, self.rt.decisions
         with store.reader().connect() as conn, conn.begin():
-            prior = self.rt.decisions.get(decision.decision_id, conn=conn)
+            prior = decisions.get(decision.decision_id, conn=conn)
             snapshot = None if prior else store.get_snapshot_in(conn, decision.snapshot_id)
         if prior is not None:
             return self._repeat(prior)

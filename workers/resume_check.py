@@ -67,9 +67,10 @@ def check_task(rt: Runtime, request: TurnRequest) -> TaskCheck:
     # One read transaction for the log and the snapshot, as the consumer reads them; and
     # in its order: a snapshot that does not exist is NOT_FOUND before any permission.
     snapshot_id, snapshot, record = request.snapshot_id, None, None
+    decisions = rt.decisions  # built (its table checked or made) before the read opens
     with rt.store.reader().connect() as conn, conn.begin():
         if claim is not None:
-            record = rt.decisions.get(claim, conn=conn)
+            record = decisions.get(claim, conn=conn)
         if snapshot_id is not None:
             snapshot = rt.store.get_snapshot_in(conn, snapshot_id)
     if snapshot_id is not None and snapshot is None:
