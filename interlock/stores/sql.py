@@ -121,6 +121,11 @@ class SnapshotRow(_Row, table=True):
     __table_args__: ClassVar[Any] = (
         Index("ix_interlock_snapshot_session_seq", "session_id", "seq"),
         Index("ix_interlock_snapshot_pending", "finish_reason", "status", "seq"),
+        # The pauses still open, by deadline: the resume consumer's sweep for overdue ones
+        # (every INTERLOCK_RELAY_INTERVAL, in a write transaction) reads only those, not
+        # every pause ever answered. A database made by an older release gets it from
+        # `interlock migrate` (`create_missing_indexes`).
+        Index("ix_interlock_snapshot_open", "finish_reason", "status", "resumed_by", "expires_at"),
         # No SQLite AUTOINCREMENT: a new row's rowid is already above every row's there
         # (snapshots are never deleted), and AUTOINCREMENT would write its counter, one
         # more page, at every save. Tables made before keep it; both work alike.

@@ -35,6 +35,7 @@ from interlock import (
     scripted,
 )
 from schemas import DecisionAccepted, DecisionRejected, ErrorInfo, wire_time
+from tests.sql_helpers import database_url
 from workers.audit import session_history
 from workers.cli import main
 
@@ -184,6 +185,77 @@ def test_sweeper_expires_and_announces(sql_store: SqlSessionStore) -> None:
             snapshot_id=soon.snapshot_id,
         )
     assert info.value.status is Status.FAILED_PRECONDITION
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlSessionStore]:
+    store = SqlSessionStore(database_url(request, tmp_path, "open.db"))
+    try:
+        yield store
+    finally:
+        store.dispose()
+
+
+def test_the_sweep_reads_the_open_pauses_not_every_pause_answered(
+    any_sql_store: SqlSessionStore,
+) -> None:
+    """The sweep for overdue pauses (every few seconds, in a write transaction: on
+    SQLite every writer waits for it) looks the open pauses up by their deadline, in
+    their own index: pauses answered long ago, which pile up with every turn run, are
+    not read (it read all of them, a cost that grew with the store's history)."""
+    from sqlalchemy import event, insert, text
+
+    from interlock.stores.sql import metadata
+
+    store = any_sql_store
+    snaps = metadata.tables["interlock_snapshot"]
+    outbox = Outbox(store)
+    agent, _ask = make_agent(store)
+    overdue = agent.run_text(json.dumps({"n": 1, "wait": 0.05}))
+    now = datetime.now(UTC)
+    answered = [  # answered pauses, most of them with a deadline long past
+        {
+            "snapshot_id": f"answered-{n}",
+            "session_id": f"s-{n}",
+            "agent": "asker",
+            "status": SnapshotStatus.COMPLETED.value,
+            "finish_reason": FinishReason.INTERRUPTED.value,
+            "created_at": now - timedelta(days=1),
+            "updated_at": now - timedelta(days=1),
+            "resumed_by": f"decision-{n}",
+            "expires_at": now - timedelta(hours=1) if n % 4 else None,
+        }
+        for n in range(4000)
+    ]
+    with store.engine.begin() as conn:
+        conn.execute(insert(snaps), answered)
+        conn.execute(text("ANALYZE"))  # the planner knows the table is no longer small
+    time.sleep(0.1)
+    ran: list[tuple[str, Any]] = []
+
+    def keep(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "expires_at" in statement:
+            ran.append((statement, params))
+
+    event.listen(store.engine, "before_cursor_execute", keep)
+    try:
+        expired = expire_overdue(store, outbox)
+    finally:
+        event.remove(store.engine, "before_cursor_execute", keep)
+        outbox.close()
+    assert [e.snapshot_id for e in expired] == [overdue.snapshot_id]
+    [(statement, params)] = ran
+    postgresql = store.engine.dialect.name == "postgresql"
+    with store.engine.connect() as conn:
+        plan = conn.exec_driver_sql(
+            f"{'EXPLAIN' if postgresql else 'EXPLAIN QUERY PLAN'} {statement}", params
+        ).all()
+    shown = "\n".join(str(row[-1]) for row in plan)
+    assert "ix_interlock_snapshot_open" in shown, shown
+    if postgresql:
+        assert "Seq Scan" not in shown, shown
+    else:
+        assert "resumed_by=?" in shown and "expires_at" in shown, shown
 
 
 def _expire(store: SessionStore, snapshot_id: str) -> None:
