@@ -109,11 +109,14 @@ _MARK_SENT = (
     .values(sent_at=bindparam("p_at"), body=bindparam("p_body"))
 )
 _INSERT_RETURNING = _INSERT.returning(_OUT.id)
+# Oldest first by the time of publication, the order of `ix_interlock_outbox_unsent`: the
+# rows to delete are found in that index, however many rows the retention keeps (in the
+# order of `id`, SQLite read the whole table each round to find none).
 _PRUNE = delete(outbox_table).where(
     _OUT.id.in_(
         select(_OUT.id)
         .where(_OUT.sent_at.is_not(None), _OUT.sent_at < bindparam("p_before"))
-        .order_by(_OUT.id)
+        .order_by(_OUT.sent_at, _OUT.id)
         .limit(bindparam("p_limit"))
     )
 )

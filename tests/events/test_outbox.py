@@ -20,7 +20,7 @@ from sqlalchemy import event, insert, text
 from sqlalchemy.exc import IntegrityError
 
 import events.publisher
-from events.outbox import Outbox, OutboxRelay
+from events.outbox import Outbox, OutboxRelay, outbox_table
 from events.publisher import Publisher
 from events.stream import EventStream
 from interlock import SqlSessionStore
@@ -525,3 +525,59 @@ def test_rows_of_events_published_long_ago_are_deleted(
     assert row(store, recent_sent.event_id) is not None
     assert row(store, old_unsent.event_id) is not None, "never published: kept"
     assert outbox.prune_sent(older_than=3600) == 0
+
+
+def test_rows_to_delete_are_found_in_the_index_not_by_reading_the_table(
+    store: SqlSessionStore, outbox: Outbox
+) -> None:
+    """The rows of events published before the retention are looked up in the index on
+    `sent_at`: the rows the retention keeps (a week of every event) are not read, where
+    SQLite read the whole table at every round (every five minutes, in a write
+    transaction that every writer waits for) to find that none was old enough."""
+    now = utcnow()
+    kept = [  # marked sent twenty at a time, as the marking thread does
+        {
+            "event_id": str(uuid.uuid4()),
+            "routing_key": "turn.completed",
+            "body": "{}",
+            "created_at": now - timedelta(minutes=5),
+            "sent_at": now - timedelta(minutes=5) + timedelta(seconds=n // 20),
+        }
+        for n in range(40_000)  # SQLite read them all once there were some 30,000
+    ]
+    old = str(uuid.uuid4())
+    day_ago = now - timedelta(days=1)
+    with store.writer().begin() as conn:
+        conn.execute(insert(outbox_table), kept)
+        conn.execute(
+            insert(outbox_table).values(
+                event_id=old,
+                routing_key="turn.completed",
+                body="{}",
+                created_at=day_ago,
+                sent_at=day_ago,
+            )
+        )
+        conn.execute(text("ANALYZE"))  # the planner knows the table is no longer small
+    ran: list[tuple[str, Any]] = []
+
+    def keep(conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        if statement.lstrip().upper().startswith("DELETE"):
+            ran.append((statement, params))
+
+    event.listen(store.engine, "before_cursor_execute", keep)
+    try:
+        assert outbox.prune_sent(older_than=3600) == 1
+    finally:
+        event.remove(store.engine, "before_cursor_execute", keep)
+    assert row(store, old) is None
+    [(statement, params)] = ran
+    postgresql = store.engine.dialect.name == "postgresql"
+    with store.engine.connect() as conn:
+        plan = conn.exec_driver_sql(
+            f"{'EXPLAIN' if postgresql else 'EXPLAIN QUERY PLAN'} {statement}", params
+        ).all()
+    shown = "\n".join(str(line[-1]) for line in plan)
+    assert "ix_interlock_outbox_unsent" in shown, shown
+    assert "Seq Scan on interlock_outbox" not in shown, shown
+    assert "SCAN interlock_outbox\n" not in f"{shown}\n", shown
