@@ -114,6 +114,11 @@ class _Row(SQLModel, registry=_registry):
     """Base of this module's tables: they live in `metadata`, not SQLModel's global one."""
 
 
+_OPEN_WITH_DEADLINE = text("resumed_by IS NULL AND expires_at IS NOT NULL")
+"""The rows of `ix_interlock_snapshot_open`: unclaimed, with a deadline (the sweep for
+overdue pauses says both, so that the planners may use it)."""
+
+
 class SnapshotRow(_Row, table=True):
     """One snapshot, without its messages."""
 
@@ -121,11 +126,19 @@ class SnapshotRow(_Row, table=True):
     __table_args__: ClassVar[Any] = (
         Index("ix_interlock_snapshot_session_seq", "session_id", "seq"),
         Index("ix_interlock_snapshot_pending", "finish_reason", "status", "seq"),
-        # The pauses still open, by deadline: the resume consumer's sweep for overdue ones
-        # (every INTERLOCK_RELAY_INTERVAL, in a write transaction) reads only those, not
-        # every pause ever answered. A database made by an older release gets it from
-        # `interlock migrate` (`create_missing_indexes`).
-        Index("ix_interlock_snapshot_open", "finish_reason", "status", "resumed_by", "expires_at"),
+        # The pauses still open with a deadline, by deadline: the resume consumer's sweep
+        # for overdue ones (every INTERLOCK_RELAY_INTERVAL, in a write transaction) reads
+        # only those, not every pause ever answered. Partial: a snapshot with no deadline,
+        # or claimed, is not in it, so most saves write nothing to it. A database made by
+        # an older release gets it from `interlock migrate` (`create_missing_indexes`).
+        Index(
+            "ix_interlock_snapshot_open",
+            "finish_reason",
+            "status",
+            "expires_at",
+            sqlite_where=_OPEN_WITH_DEADLINE,
+            postgresql_where=_OPEN_WITH_DEADLINE,
+        ),
         # No SQLite AUTOINCREMENT: a new row's rowid is already above every row's there
         # (snapshots are never deleted), and AUTOINCREMENT would write its counter, one
         # more page, at every save. Tables made before keep it; both work alike.

@@ -578,6 +578,8 @@ def test_rows_to_delete_are_found_in_the_index_not_by_reading_the_table(
             f"{'EXPLAIN' if postgresql else 'EXPLAIN QUERY PLAN'} {statement}", params
         ).all()
     shown = "\n".join(str(line[-1]) for line in plan)
-    assert "ix_interlock_outbox_unsent" in shown, shown
-    assert "Seq Scan on interlock_outbox" not in shown, shown
+    assert "ix_interlock_outbox_unsent" in shown, shown  # the rows to delete: by index
+    # SQLite then deletes them by rowid. PostgreSQL may join them to the table by a
+    # scan of it while the table is small (a cost-based choice, which turns to the
+    # primary key as the table grows): only the finding of the rows is asserted there.
     assert "SCAN interlock_outbox\n" not in f"{shown}\n", shown

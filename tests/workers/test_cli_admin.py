@@ -95,29 +95,38 @@ def test_migrate_creates_every_table_up_front(tmp_path: Path, pg_url: str) -> No
 def test_migrate_adds_the_indexes_a_store_made_by_an_older_release_lacks(
     tmp_path: Path, pg_url: str
 ) -> None:
-    """A journal made before its index on session_id came: a process that starts on it
-    leaves it so (building an index blocks the table's writes), `migrate` builds it and
-    says so, and once only."""
+    """A journal made before its index on session_id came, and a snapshot table before
+    its index of the open pauses: a process that starts on them leaves them so
+    (building an index blocks the table's writes), `migrate` builds them and says so,
+    and once only."""
     from interlock import SqlSessionStore
     from interlock.stores.sql_journal import SqlTurnJournal
 
-    index = "ix_interlock_journal_session"
+    indexes = {
+        "ix_interlock_journal_session": "interlock_journal",
+        "ix_interlock_snapshot_open": "interlock_snapshot",
+    }
+
+    def held() -> set[str]:
+        found = inspect(engine)
+        return {str(ix["name"]) for table in indexes.values() for ix in found.get_indexes(table)}
+
     for url in (f"sqlite:///{tmp_path}/old.db", pg_url):
         assert run_cli("migrate", "--store", url, timeout=60).returncode == 0
         engine = create_engine(url)
         try:
             with engine.begin() as conn:
-                conn.execute(text(f"DROP INDEX {index}"))  # as an older release made it
+                for index in indexes:
+                    conn.execute(text(f"DROP INDEX {index}"))  # as an older release made it
             sql = SqlSessionStore(url)
             SqlTurnJournal(sql)
             sql.dispose()
-            held = {ix["name"] for ix in inspect(engine).get_indexes("interlock_journal")}
-            assert index not in held, "a process's start builds no index"
+            assert not held() & set(indexes), "a process's start builds no index"
             result = run_cli("migrate", "--store", url, timeout=60)
             assert result.returncode == 0, result.describe()
-            assert result.json_lines()[0]["indexes_created"] == [index], result.describe()
-            held = {ix["name"] for ix in inspect(engine).get_indexes("interlock_journal")}
-            assert index in held
+            made = result.json_lines()[0]["indexes_created"]
+            assert sorted(made) == sorted(indexes), result.describe()
+            assert set(indexes) <= held()
             again = run_cli("migrate", "--store", url, timeout=60)
             assert again.json_lines()[0]["indexes_created"] == [], again.describe()
         finally:
