@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
 
-from tests.queue_helpers import child_env
+from tests.queue_helpers import child_env, interlock_bin
 from workers.cli import main
 from workers.cli.commands import COMMANDS
 from workers.cli.lazy import Lazy, LazyGroup
@@ -151,3 +152,53 @@ def test_a_lazy_group_lists_its_commands_without_importing_them() -> None:
     assert "  later  Runs now." in group.get_help(ctx)
     del group.commands["later"]
     assert group.list_commands(ctx) == [] and group.get_command(ctx, "later") is None
+
+
+CTRL_C_ON_IMPORT = """
+import os, signal, sys
+
+
+class CtrlC:
+    # Ctrl-C the moment the command starts loading pydantic, as a user's may come while a
+    # command loads what it runs on (a few tenths of a second after its arguments are read).
+    def find_spec(self, name, path=None, target=None):
+        if name == "pydantic":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+
+sys.meta_path.insert(0, CtrlC())
+"""
+"""A `sitecustomize` that sends the process Ctrl-C as it starts importing pydantic."""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["schemas", "--check"], ["pending"], ["audit", "s-1"], ["migrate"]],
+    ids=lambda args: args[0],
+)
+def test_ctrl_c_while_a_command_loads_what_it_runs_on_ends_it_with_130(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """Ctrl-C while a command imports pydantic, SQLAlchemy and the runtime (once its
+    arguments are read) ends it as Ctrl-C ends any command: `interrupted`, exit 130, no
+    "Aborted!" and no traceback."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(CTRL_C_ON_IMPORT)
+    store = f"sqlite:///{tmp_path}/c.db"
+    flags = ["--out", str(tmp_path / "schemas")] if args[0] == "schemas" else ["--store", store]
+    done = subprocess.run(
+        [interlock_bin(), *args, *flags],
+        env=child_env(PYTHONPATH=str(hook)),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr and "Aborted" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == "interrupted", done.stderr
+    assert done.stdout == ""

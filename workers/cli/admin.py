@@ -358,6 +358,7 @@ def _makes_schemas(makefile: Path) -> bool:
     help="Exit 1 if the files differ from the models, one is missing, or a .schema.json "
     "file there is one no model writes.",
 )
+@clear_errors
 def schemas(out_dir: str, check: bool) -> None:
     """Write (or --check) the JSON Schema of every queue message."""
     from interlock import Status
