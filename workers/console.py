@@ -57,11 +57,15 @@ def stop(signum: int) -> NoReturn:
     sys.exit(EXIT_INTERRUPTED)
 
 
-def started() -> None:
+def started(*, keep_sigterm: bool = False) -> None:
     """The command starts: give Ctrl-C and SIGTERM back the handling the process had
-    before the start-up's (Python's: `KeyboardInterrupt`, and the end on the spot). A
-    no-op where the start-up set none (the command line run in process)."""
+    before the start-up's (Python's: `KeyboardInterrupt`, and the end on the spot). With
+    `keep_sigterm`, SIGTERM goes on raising `Terminated`, so that a command that loads
+    what it runs on once it has started ends as it would have while starting. A no-op
+    where the start-up set none (the command line run in process)."""
     for signum, handler in _BEFORE.items():
+        if keep_sigterm and signum == signal.SIGTERM:
+            continue
         if signal.getsignal(signum) is _on_signal:
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 

@@ -154,51 +154,55 @@ def test_a_lazy_group_lists_its_commands_without_importing_them() -> None:
     assert group.list_commands(ctx) == [] and group.get_command(ctx, "later") is None
 
 
-CTRL_C_ON_IMPORT = """
+SIGNAL_ON_IMPORT = """
 import os, signal, sys
 
 
-class CtrlC:
-    # Ctrl-C the moment the command starts loading pydantic, as a user's may come while a
-    # command loads what it runs on (a few tenths of a second after its arguments are read).
+class Stop:
+    # The signal named by INTERLOCK_TEST_SIGNAL the moment the command starts loading
+    # pydantic, as a user's Ctrl-C (or a supervisor's SIGTERM) may come while a command
+    # loads what it runs on (a few tenths of a second after its arguments are read).
     def find_spec(self, name, path=None, target=None):
         if name == "pydantic":
             sys.meta_path.remove(self)
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), getattr(signal, os.environ["INTERLOCK_TEST_SIGNAL"]))
         return None
 
 
-sys.meta_path.insert(0, CtrlC())
+sys.meta_path.insert(0, Stop())
 """
-"""A `sitecustomize` that sends the process Ctrl-C as it starts importing pydantic."""
+"""A `sitecustomize` that sends the process a signal as it starts importing pydantic."""
 
 
+@pytest.mark.parametrize(
+    ("signame", "code", "said"), [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")]
+)
 @pytest.mark.parametrize(
     "args",
     [["schemas", "--check"], ["pending"], ["audit", "s-1"], ["migrate"]],
     ids=lambda args: args[0],
 )
-def test_ctrl_c_while_a_command_loads_what_it_runs_on_ends_it_with_130(
-    tmp_path: Path, args: list[str]
+def test_a_signal_while_a_command_loads_what_it_runs_on_ends_it_as_any_command(
+    tmp_path: Path, args: list[str], signame: str, code: int, said: str
 ) -> None:
-    """Ctrl-C while a command imports pydantic, SQLAlchemy and the runtime (once its
-    arguments are read) ends it as Ctrl-C ends any command: `interrupted`, exit 130, no
-    "Aborted!" and no traceback."""
+    """Ctrl-C or SIGTERM while a command imports pydantic, SQLAlchemy and the runtime
+    (once its arguments are read) ends it as either ends any command: `interrupted`,
+    exit 130, or `terminated`, exit 143; no "Aborted!", no traceback, not silently."""
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(CTRL_C_ON_IMPORT)
+    (hook / "sitecustomize.py").write_text(SIGNAL_ON_IMPORT)
     store = f"sqlite:///{tmp_path}/c.db"
     flags = ["--out", str(tmp_path / "schemas")] if args[0] == "schemas" else ["--store", store]
     done = subprocess.run(
         [interlock_bin(), *args, *flags],
-        env=child_env(PYTHONPATH=str(hook)),
+        env=child_env(PYTHONPATH=str(hook), INTERLOCK_TEST_SIGNAL=signame),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert done.returncode == 130, done.stderr
+    assert done.returncode == code, done.stderr
     assert "Traceback" not in done.stderr and "Aborted" not in done.stderr, done.stderr
-    assert done.stderr.splitlines()[-1] == "interrupted", done.stderr
+    assert done.stderr.splitlines()[-1] == said, done.stderr
     assert done.stdout == ""

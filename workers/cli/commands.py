@@ -59,11 +59,17 @@ def main(ctx: click.Context) -> None:
 def _start_command(ctx: click.Context) -> None:
     """Before the command `ctx` names starts: the console script has ended the process
     on Ctrl-C and SIGTERM as a stopped command ends since it began (`workers.console`).
-    A `terminable` command goes on so until it sets its own handling; any other gets the
-    process's back (SIGTERM ends it on the spot, or it sets its own: the worker's, the
-    resume consumer's)."""
+    A `terminable` command goes on so until it sets its own handling. A short one keeps
+    the start-up's SIGTERM (`terminated`, 143, wherever it comes: it loads pydantic,
+    SQLAlchemy and kombu once it runs) and gets Python's Ctrl-C back (its `clear_errors`
+    ends it with `interrupted`). The long-running ones get both back and set their own
+    (the worker's, the resume consumer's, the demo's)."""
     name = ctx.invoked_subcommand
     group = ctx.command
     command = group.get_command(ctx, name) if name and isinstance(group, click.Group) else None
     if not getattr(getattr(command, "callback", None), "terminable", False):
-        started()
+        started(keep_sigterm=name not in _LONG_RUNNING)
+
+
+_LONG_RUNNING = frozenset({"worker", "resume-consumer", "demo"})
+"""The commands that handle SIGTERM themselves (or, the demo, end on it at once)."""
