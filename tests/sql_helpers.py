@@ -7,11 +7,13 @@
   PostgreSQL database, as a restart or an administrator does.
 - `database_url(request, tmp_path, name)`: a SQLite file or a fresh PostgreSQL
   database, as the test's `request.param` ("sqlite" or "postgresql") says.
+- `query_plan(store, statement, params)`: how the database runs a statement, as text.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Column, ForeignKey, MetaData, Table, Text, create_engine, text
@@ -19,7 +21,16 @@ from sqlalchemy.pool import NullPool
 
 from interlock import SqlSessionStore
 
-__all__ = ["checked_at_commit", "database_url", "terminate_backends"]
+__all__ = ["checked_at_commit", "database_url", "query_plan", "terminate_backends"]
+
+
+def query_plan(store: SqlSessionStore, statement: str, params: Any) -> str:
+    """The plan of `statement` (as the driver ran it, with its `params`): PostgreSQL's
+    EXPLAIN, or SQLite's EXPLAIN QUERY PLAN, one line a step."""
+    explain = "EXPLAIN" if store.engine.dialect.name == "postgresql" else "EXPLAIN QUERY PLAN"
+    with store.engine.connect() as conn:
+        plan = conn.exec_driver_sql(f"{explain} {statement}", params).all()
+    return "\n".join(str(line[-1]) for line in plan)
 
 
 def database_url(request: pytest.FixtureRequest, tmp_path: Path, name: str) -> str:

@@ -36,7 +36,7 @@ from interlock import (
     scripted,
 )
 from schemas import DecisionAccepted, DecisionRejected, ErrorInfo, wire_time
-from tests.sql_helpers import database_url
+from tests.sql_helpers import database_url, query_plan
 from workers.audit import session_history
 from workers.cli import main
 
@@ -247,11 +247,7 @@ def test_the_sweep_reads_the_open_pauses_not_every_pause_answered(
     assert [e.snapshot_id for e in expired] == [overdue.snapshot_id]
     [(statement, params)] = ran
     postgresql = store.engine.dialect.name == "postgresql"
-    with store.engine.connect() as conn:
-        plan = conn.exec_driver_sql(
-            f"{'EXPLAIN' if postgresql else 'EXPLAIN QUERY PLAN'} {statement}", params
-        ).all()
-    shown = "\n".join(str(row[-1]) for row in plan)
+    shown = query_plan(store, statement, params)
     assert "ix_interlock_snapshot_open" in shown, shown
     assert "Seq Scan" not in shown and "SCAN interlock_snapshot" not in shown, shown
     defined = (  # partial: answered pauses, and those with no deadline, are not in it

@@ -35,7 +35,7 @@ from schemas import (
     utcnow,
 )
 from tests.services import eventually, free_port
-from tests.sql_helpers import checked_at_commit
+from tests.sql_helpers import checked_at_commit, query_plan
 
 WAIT = 10.0
 """Seconds any wait here may take before the test fails."""
@@ -572,12 +572,7 @@ def test_rows_to_delete_are_found_in_the_index_not_by_reading_the_table(
         event.remove(store.engine, "before_cursor_execute", keep)
     assert row(store, old) is None
     [(statement, params)] = ran
-    postgresql = store.engine.dialect.name == "postgresql"
-    with store.engine.connect() as conn:
-        plan = conn.exec_driver_sql(
-            f"{'EXPLAIN' if postgresql else 'EXPLAIN QUERY PLAN'} {statement}", params
-        ).all()
-    shown = "\n".join(str(line[-1]) for line in plan)
+    shown = query_plan(store, statement, params)
     assert "ix_interlock_outbox_unsent" in shown, shown  # the rows to delete: by index
     # SQLite then deletes them by rowid. PostgreSQL may join them to the table by a
     # scan of it while the table is small (a cost-based choice, which turns to the
