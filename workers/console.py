@@ -71,9 +71,12 @@ def started(*, keep_sigterm: bool = False) -> None:
 
 
 def main() -> None:
-    """Run `interlock` (`workers.cli.main`), Ctrl-C and SIGTERM handled from the first."""
+    """Run `interlock` (`workers.cli.main`), Ctrl-C and SIGTERM handled from the first.
+    A signal the process was started with ignored (a shell's background job ignores
+    Ctrl-C) stays ignored, as Python leaves it."""
     for signum in (signal.SIGINT, signal.SIGTERM):
-        _BEFORE[signum] = signal.signal(signum, _on_signal)
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            _BEFORE[signum] = signal.signal(signum, _on_signal)
     try:
         from .cli import main as command_line
 

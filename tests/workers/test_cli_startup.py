@@ -6,6 +6,7 @@ click's own list of the commands, all loaded, reads."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ from pathlib import Path
 import click
 import pytest
 
-from tests.queue_helpers import child_env, interlock_bin
+from tests.queue_helpers import APP, child_env, interlock_bin
+from tests.services import free_port
 from workers.cli import main
 from workers.cli.commands import COMMANDS
 from workers.cli.lazy import Lazy, LazyGroup
@@ -163,7 +165,7 @@ class Stop:
     # pydantic, as a user's Ctrl-C (or a supervisor's SIGTERM) may come while a command
     # loads what it runs on (a few tenths of a second after its arguments are read).
     def find_spec(self, name, path=None, target=None):
-        if name == "pydantic":
+        if name == os.environ.get("INTERLOCK_TEST_SIGNAL_ON", "pydantic"):
             sys.meta_path.remove(self)
             os.kill(os.getpid(), getattr(signal, os.environ["INTERLOCK_TEST_SIGNAL"]))
         return None
@@ -171,7 +173,8 @@ class Stop:
 
 sys.meta_path.insert(0, Stop())
 """
-"""A `sitecustomize` that sends the process a signal as it starts importing pydantic."""
+"""A `sitecustomize` that sends the process a signal as it starts importing pydantic (or
+the module INTERLOCK_TEST_SIGNAL_ON names)."""
 
 
 @pytest.mark.parametrize(
@@ -206,3 +209,53 @@ def test_a_signal_while_a_command_loads_what_it_runs_on_ends_it_as_any_command(
     assert "Traceback" not in done.stderr and "Aborted" not in done.stderr, done.stderr
     assert done.stderr.splitlines()[-1] == said, done.stderr
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "on", "said"),
+    [
+        pytest.param(
+            ["schemas", "--check"],
+            "workers.cli.commands",
+            "error: NOT_FOUND: no schema files in ",
+            id="schemas",
+        ),
+        pytest.param(
+            ["submit", "--app", APP, "--agent", "bankingAgent", "--text", "hi"],
+            "pydantic",
+            "error: UNAVAILABLE: cannot reach the broker: ",
+            id="submit",
+        ),
+    ],
+)
+def test_ctrl_c_that_the_command_was_started_with_ignored_stays_ignored(
+    tmp_path: Path, args: list[str], on: str, said: str
+) -> None:
+    """A shell runs a background job (`interlock submit ... &` in a script) with Ctrl-C
+    ignored, so that the Ctrl-C meant for the script leaves it running. It stays
+    ignored: while the command line starts (`schemas`, signalled as its commands load)
+    and in a command that handles Ctrl-C itself (`submit`), where both used to end the
+    command with `interrupted`. The command runs on, and ends as it would have."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGNAL_ON_IMPORT)
+    where = (
+        ["--out", str(tmp_path / "schemas")]
+        if args[0] == "schemas"
+        else ["--broker", f"redis://127.0.0.1:{free_port()}/0"]
+    )
+    done = subprocess.run(
+        [interlock_bin(), *args, *where],
+        env=child_env(
+            PYTHONPATH=str(hook), INTERLOCK_TEST_SIGNAL="SIGINT", INTERLOCK_TEST_SIGNAL_ON=on
+        ),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as a shell's `&`
+    )
+    assert done.returncode == 1, done.stderr
+    assert "interrupted" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(said), done.stderr

@@ -205,9 +205,10 @@ def terminable(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
             return fn(*args, **kwargs)
-        previous = {
-            signal.SIGTERM: signal.signal(signal.SIGTERM, _on_signal),
-            signal.SIGINT: signal.signal(signal.SIGINT, _on_signal),
+        previous = {  # one the process was started with ignored stays so (`main`)
+            signum: signal.signal(signum, _on_signal)
+            for signum in (signal.SIGTERM, signal.SIGINT)
+            if signal.getsignal(signum) is not signal.SIG_IGN
         }
         try:
             return fn(*args, **kwargs)
