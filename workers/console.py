@@ -57,17 +57,16 @@ def stop(signum: int) -> NoReturn:
     sys.exit(EXIT_INTERRUPTED)
 
 
-def started(*, keep_sigterm: bool = False) -> None:
-    """The command starts: give Ctrl-C and SIGTERM back the handling the process had
-    before the start-up's (Python's: `KeyboardInterrupt`, and the end on the spot). With
-    `keep_sigterm`, SIGTERM goes on raising `Terminated`, so that a command that loads
-    what it runs on once it has started ends as it would have while starting. A no-op
-    where the start-up set none (the command line run in process)."""
-    for signum, handler in _BEFORE.items():
-        if keep_sigterm and signum == signal.SIGTERM:
-            continue
-        if signal.getsignal(signum) is _on_signal:
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+def started() -> None:
+    """The command starts: give Ctrl-C back the handling the process had before the
+    start-up's (Python's `KeyboardInterrupt`, which the commands end with `interrupted`).
+    SIGTERM goes on raising `Terminated`, so that a command that loads what it runs on
+    once it has started ends as it would have while starting, until it sets its own
+    handling (the worker's and the resume consumer's graceful stop). A no-op where the
+    start-up set none (the command line run in process)."""
+    handler = _BEFORE.get(signal.SIGINT, _on_signal)
+    if signal.getsignal(signal.SIGINT) is _on_signal:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if handler is None else handler)
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import click
 import pytest
 
 from tests.queue_helpers import APP, child_env, interlock_bin
-from tests.services import free_port
+from tests.services import free_port, start_redis
 from workers.cli import main
 from workers.cli.commands import COMMANDS
 from workers.cli.lazy import Lazy, LazyGroup
@@ -165,6 +165,9 @@ class Stop:
     # pydantic, as a user's Ctrl-C (or a supervisor's SIGTERM) may come while a command
     # loads what it runs on (a few tenths of a second after its arguments are read).
     def find_spec(self, name, path=None, target=None):
+        within = os.environ.get("INTERLOCK_TEST_SIGNAL_IN")  # only where this is set
+        if within and within not in os.environ:
+            return None
         if name == os.environ.get("INTERLOCK_TEST_SIGNAL_ON", "pydantic"):
             sys.meta_path.remove(self)
             os.kill(os.getpid(), getattr(signal, os.environ["INTERLOCK_TEST_SIGNAL"]))
@@ -174,7 +177,39 @@ class Stop:
 sys.meta_path.insert(0, Stop())
 """
 """A `sitecustomize` that sends the process a signal as it starts importing pydantic (or
-the module INTERLOCK_TEST_SIGNAL_ON names)."""
+the module INTERLOCK_TEST_SIGNAL_ON names; with INTERLOCK_TEST_SIGNAL_IN, only in a
+process whose environment has the variable it names)."""
+
+
+def signalled(
+    tmp_path: Path, argv: list[str], *, ignore_ctrl_c: bool = False, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`interlock ARGV`, run to its end with `SIGNAL_ON_IMPORT` as its `sitecustomize`
+    (`env`: the INTERLOCK_TEST_SIGNAL variables, and any other); `ignore_ctrl_c`: started
+    with Ctrl-C ignored, as a shell starts a script's background job (`&`)."""
+    hook = tmp_path / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(SIGNAL_ON_IMPORT)
+    return subprocess.run(
+        [interlock_bin(), *argv],
+        env=child_env(PYTHONPATH=str(hook), **env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if ignore_ctrl_c
+        else None,
+    )
+
+
+def assert_ended_by(done: subprocess.CompletedProcess[str], code: int, said: str) -> None:
+    """`done` ended as a command stopped by a signal ends: `said` (`interrupted`,
+    `terminated`) as its last line on stderr, exit `code`; no "Aborted!", no traceback."""
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr and "Aborted" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == said, done.stderr
 
 
 @pytest.mark.parametrize(
@@ -182,7 +217,14 @@ the module INTERLOCK_TEST_SIGNAL_ON names)."""
 )
 @pytest.mark.parametrize(
     "args",
-    [["schemas", "--check"], ["pending"], ["audit", "s-1"], ["migrate"]],
+    [
+        ["schemas", "--check"],
+        ["pending"],
+        ["audit", "s-1"],
+        ["migrate"],
+        ["resume-consumer", "--app", APP],  # until it sets its own handling
+        ["demo", "--deny"],
+    ],
     ids=lambda args: args[0],
 )
 def test_a_signal_while_a_command_loads_what_it_runs_on_ends_it_as_any_command(
@@ -191,23 +233,12 @@ def test_a_signal_while_a_command_loads_what_it_runs_on_ends_it_as_any_command(
     """Ctrl-C or SIGTERM while a command imports pydantic, SQLAlchemy and the runtime
     (once its arguments are read) ends it as either ends any command: `interrupted`,
     exit 130, or `terminated`, exit 143; no "Aborted!", no traceback, not silently."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(SIGNAL_ON_IMPORT)
     store = f"sqlite:///{tmp_path}/c.db"
-    flags = ["--out", str(tmp_path / "schemas")] if args[0] == "schemas" else ["--store", store]
-    done = subprocess.run(
-        [interlock_bin(), *args, *flags],
-        env=child_env(PYTHONPATH=str(hook), INTERLOCK_TEST_SIGNAL=signame),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    flags = {"schemas": ["--out", str(tmp_path / "schemas")], "demo": []}.get(
+        args[0], ["--store", store]
     )
-    assert done.returncode == code, done.stderr
-    assert "Traceback" not in done.stderr and "Aborted" not in done.stderr, done.stderr
-    assert done.stderr.splitlines()[-1] == said, done.stderr
+    done = signalled(tmp_path, [*args, *flags], INTERLOCK_TEST_SIGNAL=signame)
+    assert_ended_by(done, code, said)
     assert done.stdout == ""
 
 
@@ -236,26 +267,50 @@ def test_ctrl_c_that_the_command_was_started_with_ignored_stays_ignored(
     ignored: while the command line starts (`schemas`, signalled as its commands load)
     and in a command that handles Ctrl-C itself (`submit`), where both used to end the
     command with `interrupted`. The command runs on, and ends as it would have."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(SIGNAL_ON_IMPORT)
     where = (
         ["--out", str(tmp_path / "schemas")]
         if args[0] == "schemas"
         else ["--broker", f"redis://127.0.0.1:{free_port()}/0"]
     )
-    done = subprocess.run(
-        [interlock_bin(), *args, *where],
-        env=child_env(
-            PYTHONPATH=str(hook), INTERLOCK_TEST_SIGNAL="SIGINT", INTERLOCK_TEST_SIGNAL_ON=on
-        ),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as a shell's `&`
+    done = signalled(
+        tmp_path,
+        [*args, *where],
+        ignore_ctrl_c=True,
+        INTERLOCK_TEST_SIGNAL="SIGINT",
+        INTERLOCK_TEST_SIGNAL_ON=on,
     )
     assert done.returncode == 1, done.stderr
     assert "interrupted" not in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.splitlines()[-1].startswith(said), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("signame", "code", "said"), [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")]
+)
+@pytest.mark.parametrize(
+    "on",
+    [
+        pytest.param("workers.celery_main", id="as-it-execs"),  # before any handler is set
+        pytest.param("celery.apps.worker", id="as-celery-loads"),  # before Celery's are
+    ],
+)
+def test_a_signal_while_the_worker_becomes_celery_ends_it_as_any_command(
+    tmp_path: Path, on: str, signame: str, code: int, said: str
+) -> None:
+    """`interlock worker` becomes a Celery process (an exec) that takes a second or two to
+    load before Celery sets its own handling of Ctrl-C and SIGTERM. A signal in that time
+    (as the process starts afresh, or as Celery loads) ends it as it ends any command,
+    after the worker's last line: no traceback, no "Aborted!", not silently."""
+    with start_redis(tmp_path) as server:
+        done = signalled(
+            tmp_path,
+            ["worker", "--app", APP, "--broker", server.url],
+            INTERLOCK_STORE_URL=f"sqlite:///{tmp_path}/w.db",
+            INTERLOCK_TEST_SIGNAL=signame,
+            INTERLOCK_TEST_SIGNAL_ON=on,
+            INTERLOCK_TEST_SIGNAL_IN="INTERLOCK_WORKER_REPORT_FD",  # the Celery process
+        )
+    assert_ended_by(done, code, said)
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line["worker"] for line in lines] == ["starting", "stopped"], done.stdout
+    assert lines[-1] == {"worker": "stopped", "handled": 0}

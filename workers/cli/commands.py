@@ -59,17 +59,13 @@ def main(ctx: click.Context) -> None:
 def _start_command(ctx: click.Context) -> None:
     """Before the command `ctx` names starts: the console script has ended the process
     on Ctrl-C and SIGTERM as a stopped command ends since it began (`workers.console`).
-    A `terminable` command goes on so until it sets its own handling. A short one keeps
+    A `terminable` command goes on so until it sets its own handling. Any other keeps
     the start-up's SIGTERM (`terminated`, 143, wherever it comes: it loads pydantic,
-    SQLAlchemy and kombu once it runs) and gets Python's Ctrl-C back (its `clear_errors`
-    ends it with `interrupted`). The long-running ones get both back and set their own
-    (the worker's, the resume consumer's, the demo's)."""
+    SQLAlchemy and kombu once it runs; the worker and the resume consumer until they set
+    their own, as they start serving) and gets Python's Ctrl-C back (its `clear_errors`
+    ends it with `interrupted`)."""
     name = ctx.invoked_subcommand
     group = ctx.command
     command = group.get_command(ctx, name) if name and isinstance(group, click.Group) else None
     if not getattr(getattr(command, "callback", None), "terminable", False):
-        started(keep_sigterm=name not in _LONG_RUNNING)
-
-
-_LONG_RUNNING = frozenset({"worker", "resume-consumer", "demo"})
-"""The commands that handle SIGTERM themselves (or, the demo, end on it at once)."""
+        started()

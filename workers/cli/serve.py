@@ -163,6 +163,10 @@ def worker(
         _reach_broker(settings)
     _check_store(settings.store_url, burst, "worker", settings.server_timeout)
     _declare_first(settings, burst, "interlock.worker")
+    # From the "starting" line on, Ctrl-C and SIGTERM wait for the Celery process this
+    # one becomes (the mask survives the exec): it ends on them with the worker's last
+    # line, as it does once serving (`workers.celery_main`).
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HANDED_OVER)
     emit(
         {
             "worker": "starting",
@@ -185,7 +189,7 @@ def worker(
     argv = [
         sys.executable,
         "-m",
-        "celery",
+        "workers.celery_main",  # Celery's command line; Ctrl-C and SIGTERM end it cleanly
         "-A",
         "workers.celery_app:app",
         "worker",
@@ -208,7 +212,14 @@ def worker(
     env[REPORT_FD_ENV] = str(report)
     if burst:
         env[BURST_ENV] = str(idle)
-    os.execve(sys.executable, argv, env)
+    try:
+        os.execve(sys.executable, argv, env)
+    finally:  # reached only when the exec failed
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDED_OVER)
+
+
+_HANDED_OVER = frozenset({signal.SIGINT, signal.SIGTERM})
+"""The signals the worker's Celery process handles from its first moment."""
 
 
 def _check_heartbeat(settings: Settings) -> None:
