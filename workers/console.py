@@ -64,8 +64,8 @@ def started() -> None:
     once it has started ends as it would have while starting, until it sets its own
     handling (the worker's and the resume consumer's graceful stop). A no-op where the
     start-up set none (the command line run in process)."""
-    handler = _BEFORE.get(signal.SIGINT, _on_signal)
     if signal.getsignal(signal.SIGINT) is _on_signal:
+        handler = _BEFORE[signal.SIGINT]
         signal.signal(signal.SIGINT, signal.SIG_DFL if handler is None else handler)
 
 
