@@ -44,6 +44,7 @@ class Connection:
         self._output: AgentOutput | None = None
         self._error: BaseException | None = None
         self._drained = True
+        self._closed = False
 
     def __enter__(self) -> Connection:
         return self
@@ -57,13 +58,24 @@ class Connection:
         self.close()
 
     def close(self) -> None:
-        """Wait for a running turn to end."""
+        """Wait for a running turn to end; no turn can be sent after. What the last turn
+        gave stays readable (`receive()`, `output()`)."""
+        self._closed = True
         if self._thread is not None:
             self._thread.join()
 
     # -- sending ----------------------------------------------------------------------
 
     def send(self, input: AgentInput) -> None:
+        if self._closed:
+            again = (
+                f"go on in its session with agent.connect(session_id={self.session_id!r})"
+                if self.session_id is not None
+                else "go on from its last turn with agent.connect(state=conn.output().state)"
+                if self.state is not None
+                else "open another with agent.connect()"
+            )
+            raise StatusError(Status.FAILED_PRECONDITION, f"this connection is closed: {again}")
         if not self._drained:
             raise StatusError(
                 Status.FAILED_PRECONDITION,

@@ -125,6 +125,38 @@ def test_send_before_the_turn_is_received() -> None:
         assert conn.output().finish_reason is FinishReason.STOP
 
 
+def test_a_closed_connection_sends_nothing_and_keeps_its_last_output() -> None:
+    with bankingAgent.connect() as conn:
+        conn.send_text("hello")
+        first = conn.output()
+    with pytest.raises(StatusError) as info:
+        conn.send_text("again")
+    assert info.value.status is Status.FAILED_PRECONDITION
+    assert info.value.message == (
+        "this connection is closed: go on in its session with "
+        f"agent.connect(session_id={first.session_id!r})"
+    )
+    assert conn.output() == first  # what the last turn gave stays readable
+    assert bankingAgent.store is not None
+    assert len(bankingAgent.store.list_snapshots(session_id=first.session_id)) == 1
+
+
+def test_a_closed_connection_without_a_store_names_the_state_to_go_on_from() -> None:
+    ai = Interlock(secret="test")
+    agent = ai.define_agent("bank", model="scripted/banking")
+    with agent.connect() as conn:
+        conn.send_text("hello")
+        state = conn.output().state
+    with pytest.raises(StatusError) as info:
+        conn.send_text("again")
+    assert info.value.status is Status.FAILED_PRECONDITION
+    assert info.value.message == (
+        "this connection is closed: go on from its last turn with "
+        "agent.connect(state=conn.output().state)"
+    )
+    assert state is not None and conn.output().state == state
+
+
 def test_break_mid_turn_then_output() -> None:
     with bankingAgent.connect() as conn:
         conn.send_text("Transfer $1 to a")
