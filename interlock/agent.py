@@ -60,6 +60,11 @@ class _Base:
     """Addressed by `snapshot_id=`: the snapshot continued need not be the latest."""
 
 
+class _ClaimedResumeEnded(ResumeValidationError):
+    """A resume run again under its claim after that claim's run ended: refused, and
+    the claim, which holds the answer given, is kept."""
+
+
 def _store_unavailable(exc: BaseException) -> bool:
     """True for an error of the SQL store (`is_store_failure`): it says nothing of the
     turn, whose run is then retried rather than ended as failed. Tools' and models'
@@ -127,7 +132,8 @@ class Agent:
 
         With a store, address the session by `session_id` or `snapshot_id`; without one,
         pass the `state` of the last output. `claimed_by` runs a resume whose snapshot
-        the caller already claimed with that id; with `claim_required`, a resume runs
+        the caller already claimed with that id (run again once a run under it has
+        ended, it is "already resumed"); with `claim_required`, a resume runs
         only so (`PERMISSION_DENIED` otherwise): the run claims nothing itself. The
         queue's worker runs resumes so, because only the resume consumer, which checks
         each decision's resume_token, may claim a pause. With a `journal`, the turn's model
@@ -198,7 +204,11 @@ class Agent:
         turn_id = turn_id or new_id()
         try:
             if agent_input.resume is not None:
-                answers = self._plan(agent_input.resume, base, claimer)
+                # A run that may run again (a journal) is kept to once by its runner: the
+                # queue's worker records each turn's end. Without one, a run under the
+                # caller's claim looks for itself whether that claim's run has ended.
+                ended_check = journal is None
+                answers = self._plan(agent_input.resume, base, claimer, ended_check=ended_check)
             else:
                 self._check_not_paused(base)
             turn = Turn(
@@ -219,14 +229,16 @@ class Agent:
                 if claim_required:
                     self._check_claimed(base, claimed_by)
                 claim = self._claim(base, claimer, mine=claimed_by is None)
-        except InterlockError:
+        except InterlockError as exc:
             # A resume the caller claimed (the resume consumer) and this run refused (a
             # model that cannot be reached, a rule that no longer holds) has had its
             # answer: the claim is given back, as for a resumed turn that fails, so the
             # pause can be answered again. A claim held by someone else is not touched
             # (`release` checks). An error of the store is no answer: the caller retries
-            # under its claim.
-            if agent_input.resume is not None and claimed_by is not None:
+            # under its claim. Nor is the claim of a resume whose run has ended given
+            # back: it holds the answer that run gave.
+            ended = isinstance(exc, _ClaimedResumeEnded)
+            if agent_input.resume is not None and claimed_by is not None and not ended:
                 self._release(base, claimed_by)
             raise
         # A claim this run made itself is given back whenever the run ends without its
@@ -457,7 +469,12 @@ class Agent:
         return snapshot
 
     def _plan(
-        self, resume: ToolResume, base: _Base, claimed_by: str | None
+        self,
+        resume: ToolResume,
+        base: _Base,
+        claimed_by: str | None,
+        *,
+        ended_check: bool = True,
     ) -> Mapping[str, Answer]:
         if base.snapshot is None and self.store is None:
             raise ResumeValidationError(
@@ -474,7 +491,35 @@ class Agent:
         # A snapshot that did not pause has nothing pending: the parts refuse the resume
         # (a ref from an earlier turn, or one not found), as rule 1 says.
         check_resumable(base.snapshot, claimed_by, interrupted=False)
+        if ended_check:
+            self._check_claim_open(base, claimed_by)
         return plan_resume(base.snapshot.messages, resume, self.tool_map, self.middleware)
+
+    def _check_claim_open(self, base: _Base, claimed_by: str | None) -> None:
+        """Rule 6 for a resume under the claim it holds (`claimed_by`): the claim stays
+        on the pause once its run has ended, so a run of it again (a message delivered
+        twice) is "already resumed" once that run saved what followed the pause. While
+        a pause stands, nothing else is saved in its session (new messages and branches
+        are refused), so a newer snapshot there is that run's. Asked only of a pause
+        this claim holds, by its id where the store can (`LatestSnapshotId`)."""
+        snap = base.snapshot
+        if (
+            self.store is None
+            or base.from_state
+            or snap is None
+            or claimed_by is None
+            or snap.resumed_by != claimed_by
+        ):
+            return
+        latest = self._newest_id(snap.session_id)
+        if latest is None or latest == snap.snapshot_id:
+            return  # not run yet, or cut short: it goes on under its claim
+        raise _ClaimedResumeEnded(
+            Status.FAILED_PRECONDITION,
+            f"snapshot {snap.snapshot_id} was already resumed: its run under claim "
+            f"{claimed_by!r} has ended; continue the session from its latest snapshot "
+            f"(session_id={snap.session_id})",
+        )
 
     def _check_claimed(self, base: _Base, by: str | None) -> None:
         """A resume that must run under a claim made before it (`claim_required`)."""

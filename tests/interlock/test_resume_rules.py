@@ -1313,6 +1313,92 @@ def test_a_callers_claim_outlives_a_resume_cut_short() -> None:
     assert done.finish_reason is FinishReason.STOP
 
 
+def _store_of(kind: str, tmp_path: Any) -> Any:
+    if kind == "memory":
+        return "memory"
+    if kind == "plain":
+        return _PlainStore()
+    from interlock import SqlSessionStore
+
+    return SqlSessionStore(f"sqlite:///{tmp_path / 'store.db'}")
+
+
+@pytest.mark.parametrize("kind", ["memory", "plain", "sqlite"])
+@pytest.mark.parametrize("end", ["completed", "paused again"])
+def test_a_resume_run_again_under_its_claim_after_it_ended_is_already_resumed(
+    kind: str, end: str, tmp_path: Any
+) -> None:
+    """A resume delivered twice to the holder of its claim (`claimed_by`, no journal):
+    the first run ends (completed, or paused again on a second interrupt); the second
+    is FAILED_PRECONDITION "already resumed", runs no tool, saves nothing, and keeps
+    the claim, so no other decision can answer the pause either. `validate_resume`
+    says the same. With a store that names only whole snapshots, alike."""
+    rig = Rig({"n": 1}, store=_store_of(kind, tmp_path))
+    out = rig.paused()
+    sid = out.snapshot_id or ""
+    assert rig.store.claim(sid, "decision-1")
+    if end == "completed":
+        reply = ToolResume(respond=[rig.gate.respond(out.interrupts[0], {"value": 7})])
+    else:
+
+        def asks_again(inp: Num, res: Answer | None) -> Result:
+            rig.runs.append(res)
+            interrupt({"again": inp.n})
+            return Result(value=inp.n)  # not reached: interrupt() raises
+
+        rig.gate.fn = asks_again
+        reply = ToolResume(restart=[rig.gate.resume(out.interrupts[0], Answer(ok=True))])
+    first = rig.agent.run(reply, snapshot_id=sid, claimed_by="decision-1")
+    expected = FinishReason.STOP if end == "completed" else FinishReason.INTERRUPTED
+    assert first.finish_reason is expected
+    count, runs = rig.snapshot_count(), len(rig.runs)
+    message = (
+        f"snapshot {sid} was already resumed: its run under claim 'decision-1' has ended; "
+        f"continue the session from its latest snapshot (session_id={out.session_id})"
+    )
+    for call in (rig.agent.run, rig.agent.validate_resume):
+        error = rejects(
+            Status.FAILED_PRECONDITION,
+            message,
+            call,
+            reply,
+            snapshot_id=sid,
+            claimed_by="decision-1",
+            error=ResumeValidationError,
+        )
+        assert error.message == message
+    assert rig.snapshot_count() == count, "nothing saved"
+    assert len(rig.runs) == runs, "no tool ran again"
+    stored = rig.store.get_snapshot(sid)
+    assert stored is not None and stored.resumed_by == "decision-1", "the claim is kept"
+    assert not rig.store.claim(sid, "decision-2"), "no other answer slips in"
+    latest = rig.store.get_latest_snapshot(out.session_id or "")
+    assert latest is not None and latest.snapshot_id == first.snapshot_id
+    assert latest.parent_id == sid
+
+
+def test_a_resume_run_again_under_its_claim_after_it_failed_claims_anew() -> None:
+    """A resume under the caller's claim that fails gives the claim back (its failed
+    snapshot kept, newer than the pause): run again under the same claim, it claims
+    anew and runs, as any answer to the pause may."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    sid = out.snapshot_id or ""
+    assert rig.store.claim(sid, "decision-1")
+    reply = ToolResume(restart=[rig.gate.resume(out.interrupts[0], Answer(ok=True))])
+    rig.fail_next_restart = True
+    with pytest.raises(ToolFailedError):
+        rig.agent.run(reply, snapshot_id=sid, claimed_by="decision-1")
+    latest = rig.store.get_latest_snapshot(out.session_id or "")
+    assert latest is not None and latest.status is SnapshotStatus.FAILED
+    stored = rig.store.get_snapshot(sid)
+    assert stored is not None and stored.resumed_by is None
+    done = rig.agent.run(reply, snapshot_id=sid, claimed_by="decision-1")
+    assert done.finish_reason is FinishReason.STOP
+    stored = rig.store.get_snapshot(sid)
+    assert stored is not None and stored.resumed_by == "decision-1"
+
+
 def test_a_turn_id_given_twice_in_process_still_resumes_once() -> None:
     """In process, with no journal, a turn id says nothing about the claim: the second
     call with the same turn id is refused "already resumed" (the once-only claim)."""
