@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 from datetime import timedelta
-from typing import Any, TypeVar, overload
+from typing import Any, NoReturn, TypeVar, overload
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -74,7 +74,7 @@ def seconds(value: float | timedelta | None) -> float | None:
     return total
 
 
-def interrupt(data: Any, *, expires_in: float | timedelta | None = None) -> Any:
+def interrupt(data: Any, *, expires_in: float | timedelta | None = None) -> NoReturn:
     """Pause the turn, surfacing `data` to the caller. Never returns. `data` must
     serialize to a JSON object (a pydantic model, a dict, a dataclass); anything else
     fails the tool with INVALID_ARGUMENT (raised as `InterruptDataError`; a tool that

@@ -1344,7 +1344,6 @@ def test_a_resume_run_again_under_its_claim_after_it_ended_is_already_resumed(
         def asks_again(inp: Num, res: Answer | None) -> Result:
             rig.runs.append(res)
             interrupt({"again": inp.n})
-            return Result(value=inp.n)  # not reached: interrupt() raises
 
         rig.gate.fn = asks_again
         reply = ToolResume(restart=[rig.gate.resume(out.interrupts[0], Answer(ok=True))])

@@ -54,7 +54,7 @@ def test_types_defined_inside_a_function_resolve() -> None:
 
     def ask(inp: In, res: Reply | None) -> Out:
         if res is None:
-            return interrupt({"amount": inp.amount})  # type: ignore[no-any-return]
+            return interrupt({"amount": inp.amount})
         return Out(done=res.approved)
 
     gated = ai.define_interruptible_tool("ask", "", ask)
