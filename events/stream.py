@@ -14,7 +14,7 @@ from kombu.message import Message as KombuMessage
 from kombu.messaging import Consumer
 from pydantic import ValidationError
 
-from schemas import EVENT_TYPES, EventBase, event_adapter
+from schemas import EVENT_TYPES, Event, event_adapter
 
 from .topology import event_queue
 
@@ -33,7 +33,7 @@ class EventStream:
     def __init__(self, connection: Connection, queue: Queue) -> None:
         self.connection = connection
         self.queue = queue
-        self._buffer: list[EventBase] = []
+        self._buffer: list[Event] = []
         self._skipped: set[str] = set()
         self._consumer = Consumer(
             connection.channel(), queues=[queue], on_message=self._on_message, accept=["json"]
@@ -107,9 +107,9 @@ class EventStream:
     def next(
         self,
         timeout: float,
-        match: Callable[[EventBase], bool] | None = None,
+        match: Callable[[Event], bool] | None = None,
         types: Iterable[str] | None = None,
-    ) -> EventBase:
+    ) -> Event:
         """The next event that matches (others are dropped), or TimeoutError."""
         wanted = set(types) if types is not None else None
         deadline = time.monotonic() + timeout

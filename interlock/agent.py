@@ -111,9 +111,28 @@ class Agent:
 
     # -- public API -------------------------------------------------------------------
 
-    def run_text(self, text: str, **kwargs: Any) -> AgentOutput:
-        """Run one turn with a user message of `text`."""
-        return self.run(text, **kwargs)
+    def run_text(
+        self,
+        text: str,
+        *,
+        session_id: str | None = None,
+        snapshot_id: str | None = None,
+        state: str | None = None,
+        turn_id: str | None = None,
+        on_chunk: Emit | None = None,
+        journal: TurnJournal | None = None,
+    ) -> AgentOutput:
+        """Run one turn with a user message of `text` (`run`'s keywords, but those of a
+        resume)."""
+        return self.run(
+            text,
+            session_id=session_id,
+            snapshot_id=snapshot_id,
+            state=state,
+            turn_id=turn_id,
+            on_chunk=on_chunk,
+            journal=journal,
+        )
 
     def run(
         self,

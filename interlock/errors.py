@@ -3,7 +3,7 @@ database driver under a SQL store (a lost connection) pass through unwrapped."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self, TypeVar
 
 from schemas import ErrorInfo, Status
 
@@ -57,18 +57,21 @@ class StatusError(InterlockError):
         return {"status": self.status.value, "message": self.message}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StatusError:
+    def from_json(cls, data: dict[str, Any]) -> Self:
         info = ErrorInfo.model_validate(data)
         return _rebuild(cls, info.status.value, info.message, {})
 
 
+_E = TypeVar("_E", bound="StatusError")
+
+
 def _rebuild(
-    cls: type[StatusError],
+    cls: type[_E],
     status: str,
     message: str,
     extra: dict[str, Any],
     cause: StatusError | None = None,
-) -> StatusError:
+) -> _E:
     err = cls.__new__(cls)
     StatusError.__init__(err, status, message)
     err.__dict__.update(extra)

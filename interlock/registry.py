@@ -7,9 +7,9 @@ import os
 import secrets
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import Any, overload
+from typing import Any, Protocol, TypeVar, cast, overload
 
 from schemas import Status
 
@@ -27,8 +27,36 @@ __all__ = ["Interlock", "ModelProvider"]
 
 log = logging.getLogger("interlock")
 
+In = TypeVar("In")
+Out = TypeVar("Out")
+Res = TypeVar("Res")
+
 ModelProvider = Callable[[str], Model]
 """Builds the model `provider/<name>` from `<name>`."""
+
+
+class _ToolDecorator(Protocol):
+    """What `ai.tool(name=...)` returns: a decorator typed by the function it gets."""
+
+    @overload
+    def __call__(self, fn: Callable[[In], Awaitable[Out]], /) -> Tool[In, Out]: ...
+    @overload
+    def __call__(self, fn: Callable[[In], Out], /) -> Tool[In, Out]: ...
+    @overload
+    def __call__(self, fn: Callable[..., Any], /) -> Tool[Any, Any]: ...
+
+
+class _InterruptibleToolDecorator(Protocol):
+    """What `ai.interruptible_tool(name=...)` returns, typed alike."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[[In, Res], Awaitable[Out]], /
+    ) -> InterruptibleTool[In, Out, Res]: ...
+    @overload
+    def __call__(self, fn: Callable[[In, Res], Out], /) -> InterruptibleTool[In, Out, Res]: ...
+    @overload
+    def __call__(self, fn: Callable[..., Any], /) -> InterruptibleTool[Any, Any, Any]: ...
 
 
 class Interlock:
@@ -48,10 +76,39 @@ class Interlock:
 
     # -- tools ------------------------------------------------------------------------
 
+    # The overloads type a tool by its function's annotations, sync or async: In, Out
+    # and, for an interruptible tool, Res, the type of its `res` parameter as written
+    # (`ApprovalReply | None`: None included). A function of another shape (one that
+    # takes a ToolContext, say) gives a tool typed Any.
+
+    @overload
+    def define_tool(
+        self, name: str, description: str, fn: Callable[[In], Awaitable[Out]]
+    ) -> Tool[In, Out]: ...
+    @overload
+    def define_tool(
+        self, name: str, description: str, fn: Callable[[In], Out]
+    ) -> Tool[In, Out]: ...
+    @overload
+    def define_tool(
+        self, name: str, description: str, fn: Callable[..., Any]
+    ) -> Tool[Any, Any]: ...
     def define_tool(self, name: str, description: str, fn: Callable[..., Any]) -> Tool[Any, Any]:
         """Register an ordinary tool `fn(input) -> output`."""
         return self._add_tool(Tool(name, description, fn))
 
+    @overload
+    def define_interruptible_tool(
+        self, name: str, description: str, fn: Callable[[In, Res], Awaitable[Out]]
+    ) -> InterruptibleTool[In, Out, Res]: ...
+    @overload
+    def define_interruptible_tool(
+        self, name: str, description: str, fn: Callable[[In, Res], Out]
+    ) -> InterruptibleTool[In, Out, Res]: ...
+    @overload
+    def define_interruptible_tool(
+        self, name: str, description: str, fn: Callable[..., Any]
+    ) -> InterruptibleTool[Any, Any, Any]: ...
     def define_interruptible_tool(
         self, name: str, description: str, fn: Callable[..., Any]
     ) -> InterruptibleTool[Any, Any, Any]:
@@ -61,15 +118,17 @@ class Interlock:
         return tool
 
     @overload
+    def tool(self, fn: Callable[[In], Awaitable[Out]], /) -> Tool[In, Out]: ...
+    @overload
+    def tool(self, fn: Callable[[In], Out], /) -> Tool[In, Out]: ...
+    @overload
     def tool(self, fn: Callable[..., Any], /) -> Tool[Any, Any]: ...
     @overload
-    def tool(
-        self, name: str, description: str | None = None, /
-    ) -> Callable[[Callable[..., Any]], Tool[Any, Any]]: ...
+    def tool(self, name: str, description: str | None = None, /) -> _ToolDecorator: ...
     @overload
     def tool(
         self, fn: None = None, /, *, name: str | None = None, description: str | None = None
-    ) -> Callable[[Callable[..., Any]], Tool[Any, Any]]: ...
+    ) -> _ToolDecorator: ...
     def tool(
         self,
         fn: Callable[..., Any] | str | None = None,
@@ -78,7 +137,7 @@ class Interlock:
         *,
         name: str | None = None,
         description: str | None = None,
-    ) -> Tool[Any, Any] | Callable[[Callable[..., Any]], Tool[Any, Any]]:
+    ) -> Tool[Any, Any] | _ToolDecorator:
         """Decorator form of `define_tool` (`@ai.tool`, `@ai.tool(name=...,
         description=...)` or `@ai.tool("name", "description")`); returns the tool
         object. Name and description default to the function's."""
@@ -87,18 +146,26 @@ class Interlock:
         def register(f: Callable[..., Any]) -> Tool[Any, Any]:
             return self.define_tool(name or f.__name__, description or (f.__doc__ or ""), f)
 
-        return register(fn) if fn is not None else register
+        return register(fn) if fn is not None else cast(_ToolDecorator, register)
 
+    @overload
+    def interruptible_tool(
+        self, fn: Callable[[In, Res], Awaitable[Out]], /
+    ) -> InterruptibleTool[In, Out, Res]: ...
+    @overload
+    def interruptible_tool(
+        self, fn: Callable[[In, Res], Out], /
+    ) -> InterruptibleTool[In, Out, Res]: ...
     @overload
     def interruptible_tool(self, fn: Callable[..., Any], /) -> InterruptibleTool[Any, Any, Any]: ...
     @overload
     def interruptible_tool(
         self, name: str, description: str | None = None, /
-    ) -> Callable[[Callable[..., Any]], InterruptibleTool[Any, Any, Any]]: ...
+    ) -> _InterruptibleToolDecorator: ...
     @overload
     def interruptible_tool(
         self, fn: None = None, /, *, name: str | None = None, description: str | None = None
-    ) -> Callable[[Callable[..., Any]], InterruptibleTool[Any, Any, Any]]: ...
+    ) -> _InterruptibleToolDecorator: ...
     def interruptible_tool(
         self,
         fn: Callable[..., Any] | str | None = None,
@@ -107,10 +174,7 @@ class Interlock:
         *,
         name: str | None = None,
         description: str | None = None,
-    ) -> (
-        InterruptibleTool[Any, Any, Any]
-        | Callable[[Callable[..., Any]], InterruptibleTool[Any, Any, Any]]
-    ):
+    ) -> InterruptibleTool[Any, Any, Any] | _InterruptibleToolDecorator:
         """Decorator form of `define_interruptible_tool`, called as `tool` is; returns
         the tool object."""
         fn, name, description = _decorator_args("interruptible_tool", fn, text, name, description)
@@ -120,7 +184,7 @@ class Interlock:
                 name or f.__name__, description or (f.__doc__ or ""), f
             )
 
-        return register(fn) if fn is not None else register
+        return register(fn) if fn is not None else cast(_InterruptibleToolDecorator, register)
 
     def _add_tool(self, tool: Tool[Any, Any]) -> Tool[Any, Any]:
         if tool.name in self.tools:

@@ -9,7 +9,7 @@ import inspect
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -218,7 +218,9 @@ class Tool(Generic[In, Out]):
             return None
         return interrupt_as(part, type_ if type_ is not None else dict[str, Any])
 
-    def respond(self, part: Part, output: Any, metadata: dict[str, Any] | None = None) -> Part:
+    def respond(
+        self, part: Part, output: Out | dict[str, Any], metadata: dict[str, Any] | None = None
+    ) -> Part:
         """Answer the interrupt with the tool's output, without running the tool
         (`metadata` becomes the value of the part's `metadata.interruptResponse`)."""
         self._own(part)
@@ -239,3 +241,9 @@ class InterruptibleTool(Tool[In, Out], Generic[In, Out, Res]):
     call and the resume data on a restart."""
 
     interruptible = True
+
+    if TYPE_CHECKING:  # the same methods, typed by the resume data the function takes
+
+        def resume(self, part: Part, resume_data: Res | dict[str, Any] | None = None) -> Part: ...
+
+        restart = resume

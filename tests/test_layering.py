@@ -66,11 +66,17 @@ def test_the_check_sees_lazy_and_dotted_imports() -> None:
 def test_tests_mirror_the_packages() -> None:
     """tests/ has one package per package of ours that it tests, and tests of the four
     layers live in theirs; only tests of the project as a whole (compose, packaging, the
-    README, this one) sit at the top."""
+    README, the public API's static types, this one) sit at the top."""
     tests = ROOT / "tests"
     packages = {p.name for p in tests.iterdir() if (p / "__init__.py").is_file()}
     assert {"schemas", "interlock", "events", "workers"} <= packages <= OURS - {"tests"}
     for name in packages:
         assert sorted((tests / name).glob("test_*.py")), f"tests/{name}/ holds no tests"
     top = {p.name for p in tests.glob("test_*.py")}
-    assert top == {"test_compose.py", "test_layering.py", "test_packaging.py", "test_readme.py"}
+    assert top == {
+        "test_api_types.py",
+        "test_compose.py",
+        "test_layering.py",
+        "test_packaging.py",
+        "test_readme.py",
+    }

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Reply", "define", "last_message", "reply", "text", "tool_call"]
 
-Reply = ModelResponse | Message | str | Callable[[ModelRequest], Any]
+Reply = ModelResponse | Message | Part | str | Callable[[ModelRequest], Any]
 
 
 def text(value: str) -> Message:
@@ -63,7 +63,8 @@ def define(
     ai: Interlock, name: str, script: Callable[[ModelRequest], Any] | Iterable[Reply]
 ) -> str:
     """Register `scripted/<name>`. `script` is a function of the request, or a list of
-    replies given in order (each a message, a response, a string or a function)."""
+    replies given in order (each a message, a response, a part such as a `tool_call`,
+    a string or a function)."""
     full = name if name.startswith("scripted/") else f"scripted/{name}"
     if callable(script):
         fn = script

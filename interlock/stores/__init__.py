@@ -23,9 +23,11 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "SqlSessionStore":
-        from .sql import SqlSessionStore
+if not TYPE_CHECKING:  # to a type checker, the names above are all there is
 
-        return SqlSessionStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __getattr__(name: str) -> Any:
+        if name == "SqlSessionStore":
+            from .sql import SqlSessionStore
+
+            return SqlSessionStore
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

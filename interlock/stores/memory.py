@@ -177,8 +177,8 @@ class InMemorySessionStore:
     def list_snapshots(
         self,
         session_id: str | None = None,
-        status: SnapshotStatus | None = None,
-        finish_reason: FinishReason | None = None,
+        status: SnapshotStatus | str | None = None,
+        finish_reason: FinishReason | str | None = None,
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
@@ -194,8 +194,8 @@ class InMemorySessionStore:
     def list_snapshot_heads(
         self,
         session_id: str | None = None,
-        status: SnapshotStatus | None = None,
-        finish_reason: FinishReason | None = None,
+        status: SnapshotStatus | str | None = None,
+        finish_reason: FinishReason | str | None = None,
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
@@ -206,8 +206,8 @@ class InMemorySessionStore:
     def _pick(
         self,
         session_id: str | None,
-        status: SnapshotStatus | None,
-        finish_reason: FinishReason | None,
+        status: SnapshotStatus | str | None,
+        finish_reason: FinishReason | str | None,
         claimed: bool | None,
         limit: int,
     ) -> list[tuple[Snapshot, list[str]]]:

@@ -504,8 +504,8 @@ class SqlSessionStore:
     def list_snapshots(
         self,
         session_id: str | None = None,
-        status: SnapshotStatus | None = None,
-        finish_reason: FinishReason | None = None,
+        status: SnapshotStatus | str | None = None,
+        finish_reason: FinishReason | str | None = None,
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:
@@ -522,8 +522,8 @@ class SqlSessionStore:
     def list_snapshot_heads(
         self,
         session_id: str | None = None,
-        status: SnapshotStatus | None = None,
-        finish_reason: FinishReason | None = None,
+        status: SnapshotStatus | str | None = None,
+        finish_reason: FinishReason | str | None = None,
         claimed: bool | None = None,
         limit: int = 100,
     ) -> list[Snapshot]:

@@ -340,7 +340,7 @@ class TwoStepReply(BaseModel):
 
 class TwoStep(NamedTuple):
     agent: Agent
-    tool: InterruptibleTool[Num, Result, TwoStepReply]
+    tool: InterruptibleTool[Num, Result, TwoStepReply | None]
     store: InMemorySessionStore
     runs: list[TwoStepReply | None]
 
