@@ -59,13 +59,14 @@ def _resolve(item: Reply, request: ModelRequest, name: str) -> ModelResponse:
     return as_response(value, name)
 
 
-def define(
-    ai: Interlock, name: str, script: Callable[[ModelRequest], Any] | Iterable[Reply]
-) -> str:
+def define(ai: Interlock, name: str, script: Reply | Iterable[Reply]) -> str:
     """Register `scripted/<name>`. `script` is a function of the request, or a list of
     replies given in order (each a message, a response, a part such as a `tool_call`,
-    a string or a function)."""
+    a string or a function). A message, response, part or string alone, not in a
+    list, is a script of one (a string is not read as a list of its characters)."""
     full = name if name.startswith("scripted/") else f"scripted/{name}"
+    if isinstance(script, str | Message | ModelResponse | Part):
+        script = [script]
     if callable(script):
         fn = script
 

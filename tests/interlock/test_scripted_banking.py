@@ -134,3 +134,25 @@ def test_other_scripted_names_are_not_found_and_ones_own_win() -> None:
     scripted.define(ai, "banking", mine)
     agent = ai.define_agent("a", model="scripted/banking")
     assert agent.run_text("Transfer $5 to savings").text == "my own banking model"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "hello there",
+        scripted.text("hello there"),
+        scripted.reply(scripted.text("hello there").content[0]),
+    ],
+    ids=["string", "message", "response"],
+)
+def test_one_reply_alone_is_a_script_of_one(reply: Any) -> None:
+    """A reply given alone, not in a list, is one reply: a string is not read as a list
+    of its characters, nor a message as a list of its fields."""
+    ai = Interlock(secret="test")
+    scripted.define(ai, "once", reply)
+    agent = ai.define_agent("a", model="scripted/once")
+    assert agent.run_text("hi").text == "hello there"
+    with pytest.raises(StatusError) as info:
+        agent.run_text("again")
+    assert info.value.status is Status.OUT_OF_RANGE
+    assert info.value.message == "scripted model 'scripted/once' has no reply left (it had 1)"
