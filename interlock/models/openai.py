@@ -36,6 +36,7 @@ turn loop decides by the tool requests), content_filter → blocked, others → 
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import threading
@@ -158,7 +159,9 @@ def provider(
     **options: Any,
 ) -> Callable[[str], OpenAIModel]:
     """A provider factory for `ai.register_provider(name, ...)`: every `name/<model>`
-    becomes an `OpenAIModel` on `base_url` (options as for `OpenAIModel`)."""
+    becomes an `OpenAIModel` on `base_url` (options as for `OpenAIModel`; one it does not
+    take is a TypeError now, not at the first model's lookup)."""
+    inspect.signature(OpenAIModel).bind(name, base_url=base_url, api_key=api_key, **options)
 
     def factory(model: str) -> OpenAIModel:
         return OpenAIModel(f"{name}/{model}", base_url=base_url, api_key=api_key, **options)

@@ -135,6 +135,17 @@ def test_a_retry_log_line_names_the_model_once(
     assert "retrying in" in line and "(attempt 2 of 2)" in line
 
 
+def test_a_provider_refuses_an_option_its_models_do_not_take_when_made() -> None:
+    """A misspelled option of `openai.provider` is a TypeError where the provider is
+    made, not at the first lookup of one of its models; the options it takes pass on."""
+    with pytest.raises(TypeError, match="timout"):
+        openai_models.provider("vllm", base_url="http://gpu:8000/v1", timout=3)
+    factory = openai_models.provider("vllm", base_url="http://gpu:8000/v1", timeout=3)
+    model = factory("llama")
+    assert model.name == "vllm/llama"
+    assert model.timeout == 3
+
+
 # -- names -------------------------------------------------------------------------------
 
 
