@@ -43,6 +43,21 @@ URL gives its own): a server that takes the connection and never answers fails t
 transaction that wanted it, a store failure the caller retries, where psycopg would wait
 for minutes, or for good."""
 
+PG_KEEPALIVES: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 60_000,
+}
+"""libpq's TCP settings for every PostgreSQL connection through libpq (psycopg; a URL's
+own win): a host that has gone (its machine down, its address moved by a failover) is
+given up on within a minute and a half, a store failure the caller retries, where the
+kernel's defaults waited some two hours for the reply to a request the host had
+acknowledged before it went, and a quarter of an hour for one it never acknowledged.
+A server that is up but slow, or stopped on a machine still up, answers them: such a
+wait is not cut."""
+
 _RELAXED = "SET LOCAL synchronous_commit TO OFF"
 """What a relaxed write transaction runs first on PostgreSQL."""
 
@@ -59,7 +74,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     `extra`) in a SQLite URL sets that pragma on every connection; SQLite's default,
     FULL, waits for the disk at every commit. PostgreSQL (`postgresql+psycopg://...`):
     connecting gives up after `PG_CONNECT_TIMEOUT` seconds (unless the URL says
-    `connect_timeout`), and a pooled connection that sat idle for `PING_AFTER` seconds
+    `connect_timeout`), a host gone silent is given up on by TCP (`PG_KEEPALIVES`),
+    and a pooled connection that sat idle for `PING_AFTER` seconds
     or more is pinged before use (`pool_pre_ping=True` pings at every checkout instead).
 
     Both hand out the most recently returned pooled connection first (`pool_use_lifo`,
@@ -73,10 +89,14 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         kwargs.setdefault("pool_use_lifo", True)
     if sa_url.get_backend_name() == "postgresql":
         ping_idle = "pool_pre_ping" not in kwargs
-        if "connect_timeout" not in sa_url.query:
-            pg_args = dict(kwargs.pop("connect_args", {}))
-            pg_args.setdefault("connect_timeout", PG_CONNECT_TIMEOUT)
-            kwargs["connect_args"] = pg_args
+        pg_args = dict(kwargs.pop("connect_args", {}))
+        defaults: dict[str, int] = {"connect_timeout": PG_CONNECT_TIMEOUT}
+        if sa_url.get_driver_name() in ("psycopg", "psycopg2"):  # libpq's own names
+            defaults.update(PG_KEEPALIVES)
+        for name, value in defaults.items():
+            if name not in sa_url.query:
+                pg_args.setdefault(name, value)
+        kwargs["connect_args"] = pg_args
         pg_engine = create_engine(sa_url, **kwargs)
         if ping_idle:
             _ping_when_idle(pg_engine)

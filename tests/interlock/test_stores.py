@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from sqlalchemy import event, func, make_url, select, text
@@ -668,6 +668,43 @@ def test_postgres_pings_only_connections_that_sat_idle(
         assert len(pings) == 3, "idle long enough (here: at all): pinged at each checkout"
     finally:
         store.close()
+
+
+def test_postgres_connections_give_up_on_a_host_gone_silent(pg_url: str) -> None:
+    """Every connection's socket carries TCP keepalives and a user timeout
+    (`PG_KEEPALIVES`, set in the kernel through libpq): a host that has gone is given up
+    on within a minute and a half, not two hours. A URL's own value wins."""
+    import socket
+
+    from interlock.stores.engine import PG_KEEPALIVES
+
+    def socket_options(url: str) -> dict[str, int]:
+        store = SqlSessionStore(url)
+        try:
+            with store.engine.connect() as conn:
+                fd = cast(Any, conn.connection.dbapi_connection).fileno()
+                sock = socket.socket(fileno=socket.dup(fd))
+                try:
+                    return {
+                        "keepalives": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                        "keepalives_idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                        "keepalives_interval": sock.getsockopt(
+                            socket.IPPROTO_TCP, socket.TCP_KEEPINTVL
+                        ),
+                        "keepalives_count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+                        "tcp_user_timeout": sock.getsockopt(
+                            socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT
+                        ),
+                    }
+                finally:
+                    sock.close()
+        finally:
+            store.close()
+
+    assert socket_options(pg_url) == PG_KEEPALIVES
+    assert PG_KEEPALIVES["keepalives_idle"] != 7
+    own = socket_options(f"{pg_url}?keepalives_idle=7")
+    assert own == {**PG_KEEPALIVES, "keepalives_idle": 7}
 
 
 def test_postgres_replaces_an_idle_connection_the_server_dropped(
