@@ -519,8 +519,11 @@ class Agent:
         on the pause once its run has ended, so a run of it again (a message delivered
         twice) is "already resumed" once that run saved what followed the pause. While
         a pause stands, nothing else is saved in its session (new messages and branches
-        are refused), so a newer snapshot there is that run's. Asked only of a pause
-        this claim holds, by its id where the store can (`LatestSnapshotId`)."""
+        are refused) but the failed or aborted snapshots of answers that failed (and
+        gave their claims back), so a newer completed snapshot there is that run's.
+        Asked only of a pause this claim holds: the newest snapshot's id where the store
+        can tell it alone (`LatestSnapshotId`), and only when that is not the pause, the
+        newest completed one."""
         snap = base.snapshot
         if (
             self.store is None
@@ -533,6 +536,9 @@ class Agent:
         latest = self._newest_id(snap.session_id)
         if latest is None or latest == snap.snapshot_id:
             return  # not run yet, or cut short: it goes on under its claim
+        current = self._newest(snap.session_id, SnapshotStatus.COMPLETED, heads=True)
+        if current is None or current.snapshot_id == snap.snapshot_id:
+            return  # newer are only failed answers, which gave their claims back
         raise _ClaimedResumeEnded(
             Status.FAILED_PRECONDITION,
             f"snapshot {snap.snapshot_id} was already resumed: its run under claim "

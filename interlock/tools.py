@@ -8,7 +8,7 @@ import contextvars
 import inspect
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from pydantic import TypeAdapter, ValidationError
@@ -22,9 +22,11 @@ from .interrupts import interrupt_as, json_of, respond, restart
 
 __all__ = ["InterruptibleTool", "Tool", "brief", "run_sync"]
 
-In = TypeVar("In")
-Out = TypeVar("Out")
-Res = TypeVar("Res")
+# Covariant: a list of tools of several types is a list of Tool[...] of their common
+# types, not of `object`.
+In = TypeVar("In", covariant=True)
+Out = TypeVar("Out", covariant=True)
+Res = TypeVar("Res", covariant=True)
 T = TypeVar("T")
 
 
@@ -219,7 +221,7 @@ class Tool(Generic[In, Out]):
         return interrupt_as(part, type_ if type_ is not None else dict[str, Any])
 
     def respond(
-        self, part: Part, output: Out | dict[str, Any], metadata: dict[str, Any] | None = None
+        self, part: Part, output: Out | Mapping[str, object], metadata: dict[str, Any] | None = None
     ) -> Part:
         """Answer the interrupt with the tool's output, without running the tool
         (`metadata` becomes the value of the part's `metadata.interruptResponse`)."""
@@ -244,6 +246,8 @@ class InterruptibleTool(Tool[In, Out], Generic[In, Out, Res]):
 
     if TYPE_CHECKING:  # the same methods, typed by the resume data the function takes
 
-        def resume(self, part: Part, resume_data: Res | dict[str, Any] | None = None) -> Part: ...
+        def resume(
+            self, part: Part, resume_data: Res | Mapping[str, object] | None = None
+        ) -> Part: ...
 
         restart = resume

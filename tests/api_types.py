@@ -5,7 +5,7 @@ ignore that silences nothing)."""
 
 from __future__ import annotations
 
-from typing import Any, assert_type
+from typing import Any, TypedDict, assert_type
 
 from pydantic import BaseModel
 
@@ -58,6 +58,11 @@ async def later(inp: Ask) -> Done:
     return Done(ok=True)
 
 
+@ai.tool
+def count(inp: Reply) -> int:
+    return int(inp.approved)
+
+
 async def gated_later(inp: Ask, res: Reply | None) -> Done:
     return Done(ok=res is not None)
 
@@ -75,6 +80,19 @@ def tools(part: Part) -> None:
     transfer.restart(part, {"approved": True})
     transfer.resume(part)
     transfer.resume(part, Done(ok=True))  # type: ignore[arg-type]
+
+
+class DoneForm(TypedDict):
+    ok: bool
+
+
+def tool_lists(part: Part) -> None:
+    listed = [lookup, transfer, count]  # tools of several types: of their common type
+    agent = ai.define_agent("listed", model="scripted/types", tools=listed)
+    assert_type(agent.tools[0].name, str)
+    assert [t.name for t in listed] == ["lookup", "transfer", "count"]
+    form: DoneForm = {"ok": True}
+    transfer.respond(part, form)  # a TypedDict is a JSON form too
 
 
 def no_such_name() -> None:

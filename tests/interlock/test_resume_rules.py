@@ -1376,24 +1376,46 @@ def test_a_resume_run_again_under_its_claim_after_it_ended_is_already_resumed(
     assert latest.parent_id == sid
 
 
-def test_a_resume_run_again_under_its_claim_after_it_failed_claims_anew() -> None:
-    """A resume under the caller's claim that fails gives the claim back (its failed
-    snapshot kept, newer than the pause): run again under the same claim, it claims
-    anew and runs, as any answer to the pause may."""
-    rig = Rig({"n": 1})
+@pytest.mark.parametrize("kind", ["memory", "plain", "sqlite"])
+def test_a_pause_claimed_again_after_a_failed_answer_runs_once_more(
+    kind: str, tmp_path: Any
+) -> None:
+    """A resume under the caller's claim that fails gives the claim back and keeps its
+    failed snapshot, newer than the pause. A claim made afterwards (the queue's order:
+    claim first, then run), by another id or the same, runs: a failed snapshot is no
+    run that ended the pause. Once that run has completed, running it again under its
+    claim is "already resumed"."""
+    rig = Rig({"n": 1}, store=_store_of(kind, tmp_path))
     out = rig.paused()
     sid = out.snapshot_id or ""
-    assert rig.store.claim(sid, "decision-1")
     reply = ToolResume(restart=[rig.gate.resume(out.interrupts[0], Answer(ok=True))])
+    assert rig.store.claim(sid, "decision-1")
     rig.fail_next_restart = True
     with pytest.raises(ToolFailedError):
         rig.agent.run(reply, snapshot_id=sid, claimed_by="decision-1")
     latest = rig.store.get_latest_snapshot(out.session_id or "")
     assert latest is not None and latest.status is SnapshotStatus.FAILED
     stored = rig.store.get_snapshot(sid)
-    assert stored is not None and stored.resumed_by is None
-    done = rig.agent.run(reply, snapshot_id=sid, claimed_by="decision-1")
-    assert done.finish_reason is FinishReason.STOP
+    assert stored is not None and stored.resumed_by is None, "the claim was given back"
+
+    for claim in ("decision-2", "decision-1"):
+        assert rig.store.claim(sid, claim)
+        rig.agent.validate_resume(reply, snapshot_id=sid, claimed_by=claim)
+        rig.fail_next_restart = claim == "decision-2"  # the second answer fails too
+        if claim == "decision-2":
+            with pytest.raises(ToolFailedError):
+                rig.agent.run(reply, snapshot_id=sid, claimed_by=claim, claim_required=True)
+            continue
+        done = rig.agent.run(reply, snapshot_id=sid, claimed_by=claim, claim_required=True)
+        assert done.finish_reason is FinishReason.STOP
+    rejects(
+        Status.FAILED_PRECONDITION,
+        "already resumed: its run under claim 'decision-1' has ended",
+        rig.agent.run,
+        reply,
+        snapshot_id=sid,
+        claimed_by="decision-1",
+    )
     stored = rig.store.get_snapshot(sid)
     assert stored is not None and stored.resumed_by == "decision-1"
 

@@ -142,8 +142,9 @@ def test_other_scripted_names_are_not_found_and_ones_own_win() -> None:
         "hello there",
         scripted.text("hello there"),
         scripted.reply(scripted.text("hello there").content[0]),
+        scripted.text("hello there").content[0],
     ],
-    ids=["string", "message", "response"],
+    ids=["string", "message", "response", "part"],
 )
 def test_one_reply_alone_is_a_script_of_one(reply: Any) -> None:
     """A reply given alone, not in a list, is one reply: a string is not read as a list
