@@ -499,7 +499,7 @@ def test_submit_file_wait_prints_how_each_turn_ended(batch: Batch, tmp_path: Pat
         assert [kinds[s["turn_id"]] for s in sent] == ["turn.interrupted", "turn.completed"]
         assert "2 of 2 turns ended" in waited.stderr, waited.describe()
         assert (
-            f"1 paused: list them with `interlock pending --store {batch.store_url}`"
+            f"1 paused: list those still open with `interlock pending --store {batch.store_url}`"
         ) in waited.stderr, waited.describe()
 
         # A new message to the paused session fails (FAILED_PRECONDITION): exit 1.

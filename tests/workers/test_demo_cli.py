@@ -580,7 +580,7 @@ def test_decide_refuses_a_ref_that_is_not_pending(stack: QueueStack, dash: Dashb
         decided,
         "INVALID_ARGUMENT",
         f"--ref nope is no pending interrupt of snapshot {paused.snapshot_id} "
-        f"(pending: {item.ref})",
+        f"(pending: {item.ref}); nothing was sent",
     )
     assert decided.stdout == ""
     twice = run_cli(
@@ -588,7 +588,7 @@ def test_decide_refuses_a_ref_that_is_not_pending(stack: QueueStack, dash: Dashb
         "--ref", item.ref, "--ref", item.ref, "--store", stack.store_url,
         "--broker", stack.broker_url,
     )  # fmt: skip
-    _clear_failure(twice, "INVALID_ARGUMENT", f"--ref {item.ref} is given twice")
+    _clear_failure(twice, "INVALID_ARGUMENT", f"--ref {item.ref} is given twice; nothing was sent")
     assert twice.stdout == ""
     listed = run_cli("pending", "--store", stack.store_url, "--session", paused.session_id)
     assert [x["snapshot_id"] for x in listed.json_lines()] == [paused.snapshot_id]
@@ -608,11 +608,17 @@ def test_decide_refuses_a_pause_already_answered_before_sending(
     assert done.type == "turn.completed", done.model_dump_json()
     again = run_cli("decide", paused.snapshot_id, *flags, paused.resume_token, "--deny")
     _clear_failure(
-        again, "FAILED_PRECONDITION", f"snapshot {paused.snapshot_id} was already resumed"
+        again,
+        "FAILED_PRECONDITION",
+        f"snapshot {paused.snapshot_id} was already resumed; nothing was sent",
     )
     assert again.stdout == ""
     ended = run_cli("decide", str(done.snapshot_id), *flags, "t", "--approve")
-    _clear_failure(ended, "FAILED_PRECONDITION", f"snapshot {done.snapshot_id} is not interrupted")
+    _clear_failure(
+        ended,
+        "FAILED_PRECONDITION",
+        f"snapshot {done.snapshot_id} is not interrupted: nothing to resume; nothing was sent",
+    )
 
 
 def test_decide_refuses_refs_that_leave_an_interrupt_unanswered(
@@ -630,7 +636,8 @@ def test_decide_refuses_refs_that_leave_an_interrupt_unanswered(
         decided,
         "INVALID_ARGUMENT",
         f"a decision answers every pending interrupt at once: add --ref {second.ref} "
-        f"({second.name}) or leave --ref out",
+        f"({second.name}) or leave --ref out; to answer them differently, publish a "
+        "decision's JSON (docs/queues.md); nothing was sent",
     )
     assert decided.stdout == ""
     both = run_cli(*decide, "--ref", first.ref, "--ref", second.ref, *where)

@@ -527,37 +527,40 @@ def decide(
             "turn.interrupted event, or announce the pause again with a new one: "
             f"`interlock resend {snapshot_id}{flags}`{note}",
         ) from None
-    check_resumable(snap)
-    pending = {
-        p.tool_request.ref: p
-        for p in pending_interrupts(snap.messages)
-        if p.tool_request is not None and p.tool_request.ref is not None
-    }
-    names = {ref: p.tool_request.name for ref, p in pending.items() if p.tool_request}
-    wanted = list(refs) or list(names)
-    twice = next((ref for i, ref in enumerate(wanted) if ref in wanted[:i]), None)
-    if twice is not None:  # the consumer would refuse it: an interrupt is answered once
-        raise StatusError(Status.INVALID_ARGUMENT, f"--ref {twice} is given twice")
-    if not wanted:
-        raise StatusError(
-            Status.FAILED_PRECONDITION, f"snapshot {snapshot_id} has no pending interrupt"
-        )
-    unknown = [ref for ref in wanted if ref not in names]
-    if unknown:  # refused here, before anything is sent
-        raise StatusError(
-            Status.INVALID_ARGUMENT,
-            f"--ref {unknown[0]} is no pending interrupt of snapshot {snapshot_id} "
-            f"(pending: {', '.join(names)})",
-        )
-    left = [ref for ref in names if ref not in wanted]
-    if left:  # the consumer would refuse it: a decision answers them all at once
-        raise StatusError(
-            Status.INVALID_ARGUMENT,
-            "a decision answers every pending interrupt at once: add "
-            + ", ".join(f"--ref {ref} ({names[ref]})" for ref in left)
-            + " or leave --ref out; to answer them differently, publish a decision's JSON "
-            "(docs/queues.md)",
-        )
+    try:  # what the consumer would refuse next: the pause's state, then the refs
+        check_resumable(snap)
+        pending = {
+            p.tool_request.ref: p
+            for p in pending_interrupts(snap.messages)
+            if p.tool_request is not None and p.tool_request.ref is not None
+        }
+        names = {ref: p.tool_request.name for ref, p in pending.items() if p.tool_request}
+        wanted = list(refs) or list(names)
+        twice = next((ref for i, ref in enumerate(wanted) if ref in wanted[:i]), None)
+        if twice is not None:  # the consumer would refuse it: an interrupt is answered once
+            raise StatusError(Status.INVALID_ARGUMENT, f"--ref {twice} is given twice")
+        if not wanted:
+            raise StatusError(
+                Status.FAILED_PRECONDITION, f"snapshot {snapshot_id} has no pending interrupt"
+            )
+        unknown = [ref for ref in wanted if ref not in names]
+        if unknown:  # refused here, before anything is sent
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                f"--ref {unknown[0]} is no pending interrupt of snapshot {snapshot_id} "
+                f"(pending: {', '.join(names)})",
+            )
+        left = [ref for ref in names if ref not in wanted]
+        if left:  # the consumer would refuse it: a decision answers them all at once
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                "a decision answers every pending interrupt at once: add "
+                + ", ".join(f"--ref {ref} ({names[ref]})" for ref in left)
+                + " or leave --ref out; to answer them differently, publish a decision's JSON "
+                "(docs/queues.md)",
+            )
+    except StatusError as exc:
+        raise StatusError(exc.status, f"{exc.message}; nothing was sent") from None
     respond_entries: list[RespondEntry | Part] = []
     restart_entries: list[RestartEntry | Part] = []
     for ref in wanted:  # every one pending (checked above)

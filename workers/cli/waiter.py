@@ -190,7 +190,8 @@ class Waiter:
             (e.error.status, e.error.message) for e in found if e.type == "turn.failed"
         ]
         if paused:
-            click.echo(f"{paused} paused: list them with {pending_hint(self.settings)}", err=True)
+            hint = pending_hint(self.settings)
+            click.echo(f"{paused} paused: list those still open with {hint}", err=True)
         if failed:
             status, message = failed[0]
             raise StatusError(
