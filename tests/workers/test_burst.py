@@ -26,6 +26,7 @@ from kombu.messaging import Producer
 from events.publisher import declare
 from events.topology import event_queue
 from interlock import FinishReason, SqlSessionStore
+from interlock.journal import session_for_turn
 from tests.queue_helpers import Service, child_env, decision, interlock_bin, run_cli
 from tests.services import free_port, start_redis
 from workers.burst import BURST_CONNECT_RETRIES
@@ -598,6 +599,62 @@ def test_a_file_sent_again_with_wait_says_at_once_which_turns_had_ended(
             "answered, 1 refused)"
         ) in fifth.stderr, fifth.describe()
         assert len(batch.read_events(9, timeout=5)) == 4, "each turn announced once"
+    finally:
+        worker.stop()
+
+
+def test_one_turn_sent_again_with_its_turn_id_runs_once(batch: Batch, tmp_path: Path) -> None:
+    """`submit --text ... --turn-id T`: sent twice, the turn runs once, in a session
+    named after its id; with --wait, the second send says at once how the turn had
+    ended (no event comes for it), and one that failed exits 1 as it did. A reserved
+    or empty id is refused before anything is sent."""
+    worker = Service("worker", ["worker", *batch.flags, "--pool", "solo"], tmp_path / "worker.log")
+    try:
+        worker.wait_for(" ready.")
+        args = ("submit", *batch.flags, "--agent", "bankingAgent")
+        first = run_cli(*args, "--text", "Hello", "--turn-id", "once-1", "--wait")
+        assert first.returncode == 0, first.describe()
+        sent, ended = first.json_lines()
+        assert sent == {"turn_id": "once-1", "session_id": session_for_turn("once-1")}
+        assert (ended["type"], ended["turn_id"]) == ("turn.completed", "once-1")
+        again = run_cli(*args, "--text", "Hello", "--turn-id", "once-1", "--wait")
+        assert again.returncode == 0, again.describe()
+        assert again.json_lines() == [sent], again.describe()
+        assert (
+            f"turn once-1 had ended before: completed (snapshot {ended['snapshot_id']})"
+        ) in again.stderr, again.describe()
+        assert "1 of 1 turns had ended before they were sent again (1 completed)" in again.stderr
+        worker.wait_for("once-1 already ended (completed")
+
+        # A message to a paused session is refused before it runs: sent again, it fails
+        # again from the store's record, without running.
+        paused = run_cli(*args, "--text", "Transfer $4 to savings", "--wait")
+        pause = paused.json_lines()[-1]
+        assert pause["type"] == "turn.interrupted", paused.describe()
+        refused = (*args, "--text", "Hi", "--session", pause["session_id"], "--turn-id", "once-2")
+        failed = run_cli(*refused, "--wait")
+        assert failed.returncode == 1, failed.describe()
+        failed_again = run_cli(*refused, "--wait")
+        assert failed_again.returncode == 1, failed_again.describe()
+        assert "turn once-2 had ended before: refused, FAILED_PRECONDITION: " in (
+            failed_again.stderr
+        ), failed_again.describe()
+        assert failed_again.stderr.splitlines()[-1].startswith(
+            "error: FAILED_PRECONDITION: turn failed: "
+        ), failed_again.describe()
+        assert len(batch.read_events(9, timeout=5)) == 3, "each turn announced once"
+
+        for bad, said in (
+            ("resume:x", "--turn-id: turn_id 'resume:x' is reserved"),
+            (" ", "the turn id is empty"),
+        ):
+            refused_id = run_cli(*args, "--text", "Hello", "--turn-id", bad)
+            assert refused_id.returncode in (1, 2), refused_id.describe()
+            assert said in refused_id.stderr, refused_id.describe()
+            assert refused_id.stdout == "", "nothing sent"
+        with_file = run_cli(*args, "--file", "-", "--turn-id", "x", stdin="Hello\n")
+        assert with_file.returncode == 2, with_file.describe()
+        assert "--turn-id goes with --text" in with_file.stderr, with_file.describe()
     finally:
         worker.stop()
 

@@ -90,6 +90,13 @@ def login_name() -> str | None:
     help="Continue this session; an id no turn has used yet starts a session of that id "
     "(default: a new one, its id made up).",
 )
+@click.option(
+    "--turn-id",
+    "turn_id",
+    help="The turn's id (default: a new one): a turn sent again with the same id runs "
+    "once, so a sender that is not sure the first went through may send it again. "
+    "Without --session, it goes to a session named after it.",
+)
 @wait_option
 @timeout_option
 @clear_errors
@@ -102,6 +109,7 @@ def submit(
     text: str | None,
     turn_file: BinaryIO | None,
     session_id: str | None,
+    turn_id: str | None,
     wait: bool,
     timeout: float,
 ) -> None:
@@ -132,6 +140,14 @@ def submit(
         raise click.UsageError(
             '--session goes with --text; in --file, give a line {"text", "session_id"}'
         )
+    if turn_file is not None and turn_id is not None:
+        raise click.UsageError(
+            '--turn-id goes with --text; in --file, give a line {"text", "turn_id"}'
+        )
+    if turn_id is not None and not turn_id.strip():
+        raise click.BadParameter(
+            "the turn id is empty (leave --turn-id out for a new one)", param_hint="--turn-id"
+        )
     if turn_file is not None:
         # Standard input is a stream of click's, which may have no name.
         name = getattr(turn_file, "name", "<stdin>")
@@ -139,8 +155,8 @@ def submit(
         turns = read_turns(file_lines(turn_file.read(), name), name=name)
     else:
         assert text is not None
-        _check_sendable(text, session_id)
-        turns = [FileTurn(0, text, session_id)]
+        _check_sendable(text, session_id, turn_id)
+        turns = [FileTurn(0, text, session_id, turn_id)]
     settings = shared_broker(settings_of(app, broker, store))
     celery_app = create_app(settings)
     runtime_of(celery_app).registry.lookup_agent(agent_name)
@@ -154,7 +170,9 @@ def submit(
             else None
         )
         sent = _send_turns(celery_app, agent_name, turns, batch=turn_file is not None)
-        if waiter is not None and turn_file is None:
+        if waiter is not None and turn_file is None and ended and sent[0] in ended:
+            waiter.ended_before(sent[0], ended[sent[0]])  # no event will come for it
+        elif waiter is not None and turn_file is None:
             waiter.turn_event(sent[0])
         elif waiter is not None:
             waiter.turn_events(sent, frozenset(given), ended)
@@ -213,20 +231,24 @@ def _unsaid(why: str) -> None:
     )
 
 
-def _check_sendable(text: str, session_id: str | None) -> None:
+def _check_sendable(text: str, session_id: str | None, turn_id: str | None) -> None:
     """Refuse, before anything is sent, what a worker would refuse before the turn runs
     ("run_turn request contains ..."): a NUL character or a lone surrogate (which is
-    how bytes that are no UTF-8 in an argument reach Python)."""
+    how bytes that are no UTF-8 in an argument reach Python), and a turn id only
+    Interlock gives."""
     from interlock import Status, StatusError
 
     from ..decisions import unstorable
+    from ..resume_check import reserved, reserved_said
 
-    for flag, value in (("--text", text), ("--session", session_id)):
+    for flag, value in (("--text", text), ("--session", session_id), ("--turn-id", turn_id)):
         bad = unstorable(value)
         if bad is not None:
             raise StatusError(
                 Status.INVALID_ARGUMENT, f"{flag} contains {bad}: a worker would refuse the turn"
             )
+    if turn_id is not None and reserved(turn_id):
+        raise StatusError(Status.INVALID_ARGUMENT, f"--turn-id: {reserved_said(turn_id)}")
 
 
 def _send_turns(

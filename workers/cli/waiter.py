@@ -131,6 +131,16 @@ class Waiter:
             )
         return event
 
+    def ended_before(self, turn_id: str, ending: TurnEnding) -> None:
+        """Say how turn `turn_id`, sent again, had ended before (no event comes for it);
+        a failed one exits with an error, as `turn_event` does."""
+        from interlock import StatusError
+
+        failed = _said_ended({turn_id: ending}, 1, self.settings)
+        if failed:
+            status, message = failed[0]
+            raise StatusError(status, f"turn failed: {message}")
+
     def turn_events(
         self,
         turn_ids: list[str],
