@@ -22,11 +22,9 @@ from .interrupts import interrupt_as, json_of, respond, restart
 
 __all__ = ["InterruptibleTool", "Tool", "brief", "run_sync"]
 
-# Covariant: a list of tools of several types is a list of Tool[...] of their common
-# types, not of `object`.
-In = TypeVar("In", covariant=True)
-Out = TypeVar("Out", covariant=True)
-Res = TypeVar("Res", covariant=True)
+In = TypeVar("In")
+Out = TypeVar("Out")
+Res = TypeVar("Res")
 T = TypeVar("T")
 
 
@@ -226,16 +224,25 @@ class Tool(Generic[In, Out]):
         """Answer the interrupt with the tool's output, without running the tool
         (`metadata` becomes the value of the part's `metadata.interruptResponse`)."""
         self._own(part)
-        return respond(part, self.check_output(output), metadata)
+        return respond(part, self.check_output(_plain(output)), metadata)
 
     def resume(self, part: Part, resume_data: Any = None) -> Part:
         """Re-run the tool with `resume_data` delivered as its `res` argument."""
         self._own(part)
+        resume_data = _plain(resume_data)
         if resume_data is not None:
             self.parse_resumed(json_of(resume_data, "resume data"))
         return restart(part, resume_data)
 
     restart = resume
+
+
+def _plain(value: Any) -> Any:
+    """A mapping that is no dict (a `MappingProxyType`, a `UserDict`) as a dict: the
+    JSON form the types take."""
+    if isinstance(value, Mapping) and not isinstance(value, dict):
+        return dict(value)
+    return value
 
 
 class InterruptibleTool(Tool[In, Out], Generic[In, Out, Res]):

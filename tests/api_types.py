@@ -87,8 +87,10 @@ class DoneForm(TypedDict):
 
 
 def tool_lists(part: Part) -> None:
-    listed = [lookup, transfer, count]  # tools of several types: of their common type
+    # Tools of several types, bound to a name: annotated, or mypy joins them to `object`.
+    listed: list[Tool[Any, Any]] = [lookup, transfer, count]
     agent = ai.define_agent("listed", model="scripted/types", tools=listed)
+    ai.define_agent("inline", model="scripted/types", tools=[lookup, transfer, count])
     assert_type(agent.tools[0].name, str)
     assert [t.name for t in listed] == ["lookup", "transfer", "count"]
     form: DoneForm = {"ok": True}

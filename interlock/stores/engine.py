@@ -56,7 +56,8 @@ given up on within a minute and a half, a store failure the caller retries, wher
 kernel's defaults waited some two hours for the reply to a request the host had
 acknowledged before it went, and a quarter of an hour for one it never acknowledged.
 A server that is up but slow, or stopped on a machine still up, answers them: such a
-wait is not cut."""
+wait is not cut, unless a request too large for the network's buffers lies unread for
+the user timeout."""
 
 _RELAXED = "SET LOCAL synchronous_commit TO OFF"
 """What a relaxed write transaction runs first on PostgreSQL."""

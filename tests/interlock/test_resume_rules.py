@@ -745,6 +745,22 @@ def test_claimed_snapshot_refuses_another_resume() -> None:
     assert final.text == 'results: [{"value": 7}]'
 
 
+def test_answers_in_any_mapping_are_their_json_form() -> None:
+    """`respond` and `resume` take a mapping that is no dict (a read-only view, a
+    UserDict) as the JSON form, as their types say, where one had "no JSON form"."""
+    from collections import UserDict
+    from types import MappingProxyType
+
+    rig = Rig({"n": 1}, {"n": 2})
+    out = rig.paused()
+    first, second = out.interrupts
+    reply = rig.gate.respond(first, MappingProxyType({"value": 7}))
+    again = rig.gate.resume(second, UserDict({"ok": True}))
+    done = rig.agent.run(ToolResume(respond=[reply], restart=[again]), session_id=out.session_id)
+    assert done.finish_reason is FinishReason.STOP
+    assert rig.runs[-1] == Answer(ok=True)
+
+
 def test_claim_required_runs_a_resume_only_under_a_claim_made_before_it() -> None:
     """`claim_required=True` (the queue's worker): the run claims nothing itself; a pause
     not claimed by `claimed_by` is PERMISSION_DENIED and stays to be answered."""

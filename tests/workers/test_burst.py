@@ -694,7 +694,7 @@ def test_a_file_sent_again_with_wait_and_no_store_to_read_names_the_unannounced(
             if store == "missing"
             else "could not read the store postgresql+psycopg://nobody@127.0.0.1:"
         )
-        assert f"cannot tell which turns of the file had ended before ({why}" in again.stderr
+        assert f"cannot tell which of the turns sent had ended before ({why}" in again.stderr
         assert "had ended before:" not in again.stderr, again.describe()
         last = again.stderr.splitlines()[-1]
         assert last == (

@@ -539,7 +539,7 @@ def test_submit_wait_tells_a_silent_store_and_goes_on(silent: SilentServer, tmp_
         assert silent.accepted >= 1 and took < BOUND, said
         assert proc.returncode == 1, said
         assert (
-            "cannot tell which turns of the file had ended before (could not read the store "
+            "cannot tell which of the turns sent had ended before (could not read the store "
             f"{shown}: cannot reach the store: connection timeout expired ({shown}))"
         ) in proc.stderr, said
         assert [line for line in proc.stdout.splitlines() if "silent-store-1" in line], said

@@ -223,9 +223,9 @@ def _unread(url: str, exc: Exception) -> None:
 
 
 def _unsaid(why: str) -> None:
-    """Say that the turns of the file that ended before cannot be told, and `why`."""
+    """Say that the turns sent that ended before cannot be told, and `why`."""
     click.echo(
-        f"cannot tell which turns of the file had ended before ({why}); one that had "
+        f"cannot tell which of the turns sent had ended before ({why}); one that had "
         "is not announced again, and is waited for until --timeout",
         err=True,
     )
