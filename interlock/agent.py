@@ -521,9 +521,7 @@ class Agent:
         a pause stands, nothing else is saved in its session (new messages and branches
         are refused) but the failed or aborted snapshots of answers that failed (and
         gave their claims back), so a newer completed snapshot there is that run's.
-        Asked only of a pause this claim holds: the newest snapshot's id where the store
-        can tell it alone (`LatestSnapshotId`), and only when that is not the pause, the
-        newest completed one."""
+        Asked only of a pause this claim holds (`_went_on`)."""
         snap = base.snapshot
         if (
             self.store is None
@@ -531,20 +529,27 @@ class Agent:
             or snap is None
             or claimed_by is None
             or snap.resumed_by != claimed_by
+            or not self._went_on(snap)  # not run yet, or cut short: it goes on
         ):
             return
-        latest = self._newest_id(snap.session_id)
-        if latest is None or latest == snap.snapshot_id:
-            return  # not run yet, or cut short: it goes on under its claim
-        current = self._newest(snap.session_id, SnapshotStatus.COMPLETED, heads=True)
-        if current is None or current.snapshot_id == snap.snapshot_id:
-            return  # newer are only failed answers, which gave their claims back
         raise _ClaimedResumeEnded(
             Status.FAILED_PRECONDITION,
             f"snapshot {snap.snapshot_id} was already resumed: its run under claim "
             f"{claimed_by!r} has ended; continue the session from its latest snapshot "
             f"(session_id={snap.session_id})",
         )
+
+    def _went_on(self, pause: Snapshot) -> bool:
+        """Whether the session of `pause` went on past it: a completed snapshot newer than
+        the pause stands there (the failed or aborted snapshots of answers that failed
+        do not count: they gave their claims back). The newest snapshot's id first, where
+        the store can tell it alone (`LatestSnapshotId`); the newest completed one only
+        when that is not the pause."""
+        latest = self._newest_id(pause.session_id)
+        if latest is None or latest == pause.snapshot_id:
+            return False
+        current = self._newest(pause.session_id, SnapshotStatus.COMPLETED, heads=True)
+        return current is not None and current.snapshot_id != pause.snapshot_id
 
     def _check_claimed(self, base: _Base, by: str | None) -> None:
         """A resume that must run under a claim made before it (`claim_required`)."""
@@ -621,8 +626,7 @@ class Agent:
         if snap is None or not snap.is_interrupted:
             return
         if snap.resumed_by is not None and not base.from_state:
-            latest = self._newest_id(snap.session_id) if self.store else None
-            if latest is not None and latest != snap.snapshot_id:
+            if self.store is not None and self._went_on(snap):
                 raise ResumeValidationError(  # addressed by snapshot_id=, after its resume went on
                     Status.FAILED_PRECONDITION,
                     f"snapshot {snap.snapshot_id} was already resumed: continue the session "

@@ -1417,6 +1417,13 @@ def test_a_pause_claimed_again_after_a_failed_answer_runs_once_more(
     for claim in ("decision-2", "decision-1"):
         assert rig.store.claim(sid, claim)
         rig.agent.validate_resume(reply, snapshot_id=sid, claimed_by=claim)
+        rejects(  # a new message meanwhile: the pause is being resumed, not resumed
+            Status.FAILED_PRECONDITION,
+            f"session {out.session_id} is being resumed (snapshot {sid})",
+            rig.agent.run_text,
+            "hi",
+            session_id=out.session_id,
+        )
         rig.fail_next_restart = claim == "decision-2"  # the second answer fails too
         if claim == "decision-2":
             with pytest.raises(ToolFailedError):
