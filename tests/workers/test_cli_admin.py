@@ -639,6 +639,7 @@ def test_the_commands_that_read_the_store_make_no_table_in_a_database_without_on
     assert decided.returncode == 1, decided.describe()
     assert "error: NOT_FOUND: snapshot snap-1 not found: the store at" in decided.stderr
     assert says in audited.stderr and says in decided.stderr
+    assert decided.stderr.rstrip().endswith("; nothing was sent"), decided.describe()
     pruned = run_cli("prune", "--older-than", "1d", "--store", url)
     assert pruned.returncode == 0 and pruned.json_lines()[0]["sessions"] == 0, pruned.describe()
     assert f"nothing to prune: the store at {redact_url(url)} {says}" in pruned.stderr
@@ -915,10 +916,11 @@ def test_a_store_url_the_server_refuses_is_said_as_a_refusal_not_an_outage(
         server.stop()
     for ran in runs:
         assert ran.returncode == 1, ran.describe()
+        sent = "; nothing was sent" if ran.args[0] == "decide" else ""
         assert ran.stderr.strip().splitlines()[-1] == (
             f"error: NOT_FOUND: the store's database '{name}' does not exist on its server "
             f"({redact_url(absent)}): make it (`createdb {name}`, then `interlock migrate`), "
-            "or check --store or INTERLOCK_STORE_URL"
+            f"or check --store or INTERLOCK_STORE_URL{sent}"
         ), ran.describe()
     checked = run_cli("health", "--store", absent, *broker)
     assert checked.returncode == 1, checked.describe()
@@ -941,9 +943,10 @@ def test_decide_and_resend_name_the_store_where_a_snapshot_is_not(tmp_path: Path
     for args in (["decide", "nosuch", "--token", "t", "--approve"], ["resend", "nosuch"]):
         ran = run_cli(*args, "--store", url, *broker, timeout=60)
         assert ran.returncode == 1, ran.describe()
+        sent = "; nothing was sent" if args[0] == "decide" else ""
         assert ran.stderr.strip() == (
             f"error: NOT_FOUND: snapshot nosuch not found in the store at {url} "
-            "(check --store or INTERLOCK_STORE_URL)"
+            f"(check --store or INTERLOCK_STORE_URL){sent}"
         ), ran.describe()
 
 

@@ -471,6 +471,12 @@ def test_unreachable_broker_or_store_is_one_clear_line(stack: QueueStack) -> Non
         "pending", "--store", f"postgresql+psycopg://nobody@{nobody}/interlock", timeout=60
     )
     _clear_failure(pending, "UNAVAILABLE", "store")
+    decided = run_cli(
+        "decide", "snap", "--token", "t", "--approve", "--broker", stack.broker_url,
+        "--store", f"postgresql+psycopg://nobody@{nobody}/interlock", timeout=60,
+    )  # fmt: skip
+    _clear_failure(decided, "UNAVAILABLE", "store", "; nothing was sent")
+    assert decided.stdout == ""
 
 
 def test_waiting_on_or_deciding_through_a_dead_broker_is_one_clear_line(
@@ -491,7 +497,7 @@ def test_waiting_on_or_deciding_through_a_dead_broker_is_one_clear_line(
         "decide", paused.snapshot_id, "--token", paused.resume_token, "--approve",
         "--store", stack.store_url, "--broker", f"redis://{nobody}/0", timeout=60,
     )  # fmt: skip
-    _clear_failure(decided, "UNAVAILABLE", "cannot reach the broker")
+    _clear_failure(decided, "UNAVAILABLE", "cannot reach the broker", "; nothing was sent")
     assert decided.stdout == "", "no decision id is printed for a decision never sent"
     listed = run_cli("pending", "--store", stack.store_url, "--session", paused.session_id)
     assert [x["snapshot_id"] for x in listed.json_lines()] == [paused.snapshot_id]
@@ -562,6 +568,8 @@ def test_reading_commands_do_not_make_a_store_that_is_not_there(tmp_path: Path) 
     for command in (["decide", "some-snapshot", "--token", "t", "--approve"], ["audit", "s"]):
         result = run_cli(*command, "--store", url)
         _clear_failure(result, "NOT_FOUND", f"no store at {tmp_path}/typo.db")
+        sent = "; nothing was sent" in result.stderr
+        assert sent == (command[0] == "decide"), result.describe()
     listed = run_cli("pending", "--store", url)
     assert listed.returncode == 0 and listed.stdout == "", listed.describe()
     assert f"no open interrupts: no store at {tmp_path}/typo.db yet" in listed.stderr

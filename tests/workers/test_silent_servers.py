@@ -245,7 +245,7 @@ def test_decide_gives_up_on_a_silent_broker(
         "decide", snapshot_id, "--token", token, "--approve", "--broker", broker,
         "--store", store, *(["--wait"] if wait else []),
     )  # fmt: skip
-    ended_unavailable(silent, proc, took, f"error: {broker_line(silent)}")
+    ended_unavailable(silent, proc, took, f"error: {broker_line(silent)}; nothing was sent")
     assert proc.stdout == "", "no decision id: nothing was sent"
 
 
@@ -460,7 +460,8 @@ def test_every_command_gives_up_on_a_silent_store(
     needs_broker = ("decide", "resend", "worker", "resume-consumer")
     broker = ["--broker", redis_url] if args[0] in needs_broker else []
     proc, took = timed(*args, "--store", store, *broker)
-    ended_unavailable(silent, proc, took, f"error: {store_line(silent)}")
+    sent = "; nothing was sent" if args[0] == "decide" else ""
+    ended_unavailable(silent, proc, took, f"error: {store_line(silent)}{sent}")
     assert "connect_timeout" not in proc.stderr, "the URL is said as it was given"
 
 

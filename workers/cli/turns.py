@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
@@ -18,7 +17,6 @@ from .base import (
     error_line,
     missing_sqlite_file,
     no_tables,
-    not_in,
     reach_broker,
     read_store,
     refuse_non_text,
@@ -36,7 +34,7 @@ from .base import (
     unused,
     wait_option,
 )
-from .waiter import Waiter, repeated_flags
+from .waiter import Waiter
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -482,13 +480,10 @@ def decide(
     event that ends the resumed turn. What the consumer would refuse for the snapshot (a
     wrong --token, a pause answered or expired) is refused before anything is sent."""
     from events.publisher import Publisher
-    from interlock import Part, Status, StatusError, is_approval_gate
-    from interlock import approve as approve_call
-    from interlock import deny as deny_call
-    from interlock.resume import check_resumable, pending_interrupts
-    from schemas import Decision, RespondEntry, RestartEntry
+    from interlock import StatusError
 
-    from ..decisions import check_decision, check_token, resume_turn_id
+    from ..decisions import resume_turn_id
+    from .decision_draft import draft_decision, nothing_sent
 
     if [approve, deny, respond_json is not None].count(True) != 1:
         raise click.UsageError("give exactly one of --approve, --deny, --respond JSON")
@@ -496,7 +491,7 @@ def decide(
         raise click.UsageError(
             "--feedback goes with --approve or --deny; with --respond, put it in the JSON"
         )
-    verdict = "approve" if approve else "deny"
+    verdict = "respond" if respond_json is not None else "approve" if approve else "deny"
     output: Any = None
     if respond_json is not None:
         try:
@@ -515,125 +510,31 @@ def decide(
         ),
         "; nothing was sent",
     )
-    settings = shared_broker(settings_of(app, broker, store))
-    sql = read_store(settings.store_url, settings.server_timeout)
-
-    def read() -> tuple[str | None, Snapshot | None]:
-        empty = no_tables(store_tables(sql), settings.store_url)
-        return empty, sql.get_snapshot(snapshot_id) if empty is None else None
-
-    try:
-        empty, snap = store_read(read, settings.server_timeout)
-    finally:
-        sql.dispose()
-    if snap is None:
-        raise StatusError(
-            Status.NOT_FOUND, f"snapshot {snapshot_id} not found{not_in(settings.store_url, empty)}"
-        )
-    # What the consumer would refuse for the token or the snapshot's state (rules 3 and
-    # 4: a wrong token; expired, already resumed, not interrupted) is refused here, in
-    # its order, before anything is sent: a script that decides without --wait would
-    # take a sent decision for an answered pause.
-    try:
-        check_token(snap, resume_token)
-    except StatusError as exc:
-        try:
-            check_resumable(snap)
-        except StatusError:  # answered or expired: no new token can be issued either
-            raise StatusError(exc.status, f"{exc.message}; nothing was sent") from None
-        flags, hidden = repeated_flags(settings, ("--broker", "--store"))
-        note = " (put the password back where *** stands)" if hidden else ""
-        raise StatusError(
-            exc.status,
-            f"{exc.message}; nothing was sent. Use the resume_token of its latest "
-            "turn.interrupted event, or announce the pause again with a new one: "
-            f"`interlock resend {snapshot_id}{flags}`{note}",
-        ) from None
-    try:  # what the consumer would refuse next: the pause's state, then the refs
-        check_resumable(snap)
-        pending = {
-            p.tool_request.ref: p
-            for p in pending_interrupts(snap.messages)
-            if p.tool_request is not None and p.tool_request.ref is not None
-        }
-        names = {ref: p.tool_request.name for ref, p in pending.items() if p.tool_request}
-        wanted = list(refs) or list(names)
-        twice = next((ref for i, ref in enumerate(wanted) if ref in wanted[:i]), None)
-        if twice is not None:  # the consumer would refuse it: an interrupt is answered once
-            raise StatusError(Status.INVALID_ARGUMENT, f"--ref {twice} is given twice")
-        if not wanted:
-            raise StatusError(
-                Status.FAILED_PRECONDITION, f"snapshot {snapshot_id} has no pending interrupt"
-            )
-        unknown = [ref for ref in wanted if ref not in names]
-        if unknown:  # refused here, before anything is sent
-            raise StatusError(
-                Status.INVALID_ARGUMENT,
-                f"--ref {unknown[0]} is no pending interrupt of snapshot {snapshot_id} "
-                f"(pending: {', '.join(names)})",
-            )
-        left = [ref for ref in names if ref not in wanted]
-        if left:  # the consumer would refuse it: a decision answers them all at once
-            raise StatusError(
-                Status.INVALID_ARGUMENT,
-                "a decision answers every pending interrupt at once: add "
-                + ", ".join(f"--ref {ref} ({names[ref]})" for ref in left)
-                + " or leave --ref out; to answer them differently, publish a decision's JSON "
-                "(docs/queues.md)",
-            )
-    except StatusError as exc:
-        raise StatusError(exc.status, f"{exc.message}; nothing was sent") from None
-    respond_entries: list[RespondEntry | Part] = []
-    restart_entries: list[RestartEntry | Part] = []
-    for ref in wanted:  # every one pending (checked above)
-        name, part = names[ref], pending[ref]
-        if respond_json is not None:
-            respond_entries.append(RespondEntry(name=name, ref=ref, output=output))
-        elif is_approval_gate(part):
-            # a call `tool_approval` holds: approve runs it, deny tells the model why not
-            if verdict == "approve":
-                restart_entries.append(approve_call(part))
-            else:
-                respond_entries.append(deny_call(part, feedback or "denied by reviewer"))
-        else:
-            resumed: dict[str, Any] = {"approved": verdict == "approve"}
-            if feedback:
-                resumed["feedback"] = feedback
-            restart_entries.append(RestartEntry(name=name, ref=ref, resumed=resumed))
-    decision_id = str(uuid.uuid4())
-    decision = Decision(
-        decision_id=decision_id,
-        snapshot_id=snapshot_id,
-        resume_token=resume_token,
-        reviewer=reviewer or None,
-        respond=respond_entries,
-        restart=restart_entries,
+    with nothing_sent():
+        settings = shared_broker(settings_of(app, broker, store))
+    decision, wanted = draft_decision(
+        settings,
+        snapshot_id,
+        resume_token,
+        verdict=verdict,
+        output=output,
+        refs=refs,
+        feedback=feedback,
+        reviewer=reviewer,
     )
-    if settings.app:  # every check of the consumer but the claim, before anything is sent
-        from ..loader import load_registry
-
-        try:
-            registry = load_registry(settings.app)
-        except StatusError as exc:
-            raise StatusError(
-                exc.status,
-                f"{exc.message}; nothing was sent (decide needs no app: without --app and "
-                "INTERLOCK_APP, the resume consumer alone checks the decision)",
-            ) from None
-        try:
-            check_decision(registry, decision, snap)
-        except StatusError as exc:
-            raise StatusError(exc.status, f"{exc.message}; nothing was sent") from None
+    decision_id = decision.decision_id
     resumed_turn = resume_turn_id(decision_id)
     ends = ("turn.interrupted", "turn.completed", "turn.failed")
-    waiter = (
-        Waiter(settings, timeout, keep=lambda e: e.type in ends and e.turn_id == resumed_turn)
-        if wait
-        else None
-    )
+    with nothing_sent():  # the events' queue, bound before the decision goes out
+        waiter = (
+            Waiter(settings, timeout, keep=lambda e: e.type in ends and e.turn_id == resumed_turn)
+            if wait
+            else None
+        )
     try:
         with settings.connection() as conn:
-            reach_broker(conn, settings.server_timeout)
+            with nothing_sent():
+                reach_broker(conn, settings.server_timeout)
             Publisher(conn, timeout=settings.server_timeout).publish_decision(decision)
         emit({"decision_id": decision_id, "snapshot_id": snapshot_id, "refs": wanted})
         if waiter is None:
