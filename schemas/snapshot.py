@@ -27,7 +27,8 @@ class Snapshot(WireModel):
     """A point-in-time record of a session.
 
     `messages` is the whole history. A store may keep only what this snapshot added:
-    `inherited` says how many leading messages are the parent's, unchanged.
+    `inherited` says how many leading messages are the parent's, unchanged (a promise
+    made to `save_snapshot`; a snapshot read from a store has 0).
     """
 
     snapshot_id: str

@@ -26,7 +26,11 @@ class SessionStore(Protocol):
         ...
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
-        """Insert or replace the snapshot with that id."""
+        """Insert or replace the snapshot with that id. A replace changes no other
+        snapshot (a child keeps the history it was saved with), nor the claim
+        (`resumed_by`: only `claim` and `release` change it). The first
+        `snapshot.inherited` messages may be taken as the parent's, unchanged; a
+        snapshot read back has `inherited` 0."""
         ...
 
     def claim(self, snapshot_id: str, by: str) -> bool:

@@ -141,11 +141,16 @@ class InMemorySessionStore:
             want = 0
         texts = parent.texts[:want] if parent is not None and want else []
         texts.extend(m.model_dump_json() for m in messages[want:])
-        update: dict[str, Any] = {"messages": [], "inherited": want}
+        # What is read back owes nothing to a parent (`inherited` 0): saved again, after
+        # an edit, it is stored as it stands. Each snapshot holds its own list of texts,
+        # so a replace changes no other snapshot.
+        update: dict[str, Any] = {"messages": [], "inherited": 0}
         head = cast(Snapshot, _clone(snapshot.model_copy(update=update)))
         stored = _Stored(head, texts)
         with self._lock:
             old = self._snapshots.get(snapshot.snapshot_id)
+            if old is not None:  # the claim changes only through `claim` and `release`
+                head.resumed_by = old.head.resumed_by
             self._snapshots[snapshot.snapshot_id] = stored
             if old is None:
                 self._sessions.setdefault(snapshot.session_id, []).append(snapshot.snapshot_id)

@@ -227,7 +227,18 @@ _F_INSERT_MESSAGES = FastStatement(_INSERT_MESSAGES)
 _F_CLAIM = FastStatement(_CLAIM)
 # Every column of a snapshot row but `seq` (kept on replace: it is the first-save order).
 _ROW_COLUMNS = tuple(c.name for c in _SNAP.c if c.name != "seq")
-_CHANGED_COLUMNS = tuple(c for c in _ROW_COLUMNS if c != "snapshot_id")
+# What a replace changes: neither the id nor the claim (`resumed_by` changes only through
+# `claim` and `release`: a save of a copy read before a claim would undo it).
+_CHANGED_COLUMNS = tuple(c for c in _ROW_COLUMNS if c not in ("snapshot_id", "resumed_by"))
+_LOCK_ROW = (  # a replace's first statement: on PostgreSQL, the row's lock
+    update(_SNAP)
+    .where(_SNAP.c.snapshot_id == bindparam("p_sid"))
+    .values(updated_at=_SNAP.c.updated_at)
+)
+_INHERITING = select(_SNAP.c.snapshot_id, _SNAP.c.inherited).where(
+    _SNAP.c.parent_id == bindparam("p_sid"), _SNAP.c.inherited > 0
+)
+_OWN_ALL = update(_SNAP).where(_SNAP.c.snapshot_id == bindparam("p_sid")).values(inherited=0)
 _UPDATE_ROW = (
     update(_SNAP)
     .where(_SNAP.c.snapshot_id == bindparam("p_sid"))
@@ -661,11 +672,35 @@ def _write_row(conn: Connection, values: dict[str, Any]) -> bool:
     insert_new = _insert_new_statement(conn.dialect.name)
     if insert_new is not None and FastStatement.of(insert_new).execute(conn, values).rowcount == 1:
         return True
-    changes = {k: v for k, v in values.items() if k != "snapshot_id"}
-    if conn.execute(_UPDATE_ROW, {"p_sid": values["snapshot_id"], **changes}).rowcount == 1:
-        return False
-    conn.execute(_INSERT_ROW, values)
-    return True
+    sid = values["snapshot_id"]
+    if conn.execute(_LOCK_ROW, {"p_sid": sid}).rowcount != 1:
+        conn.execute(_INSERT_ROW, values)
+        return True
+    _keep_children(conn, sid)
+    changes = {k: v for k, v in values.items() if k in _CHANGED_COLUMNS}
+    conn.execute(_UPDATE_ROW, {"p_sid": sid, **changes})
+    return False
+
+
+def _keep_children(conn: Connection, sid: str) -> None:
+    """Before the snapshot `sid` is replaced: each snapshot that inherits messages from
+    it gets its own rows of them, as they stand, so that a replace (a history edited,
+    made shorter) changes no other snapshot. Only a replace pays for it; a turn's save
+    is always new."""
+    children = conn.execute(_INHERITING, {"p_sid": sid}).all()
+    if not children:
+        return
+    history = [(idx, body) for _, idx, body in _F_HISTORY_ONE.execute(conn, {"p_id": sid}).all()]
+    rows = [
+        {"snapshot_id": child, "idx": idx, "body": body}
+        for child, inherited in children
+        for idx, body in history
+        if idx < inherited
+    ]
+    if rows:
+        _F_INSERT_MESSAGES.executemany(conn, rows)
+    for child, _ in children:
+        conn.execute(_OWN_ALL, {"p_sid": child})
 
 
 def _history_statement(many: bool) -> Select[Any]:
@@ -767,7 +802,6 @@ def _to_snapshot(r: Mapping[str, Any], messages: list[Message]) -> Snapshot:
         created_at=_from_db(r["created_at"]),
         updated_at=_from_db(r["updated_at"]),
         resumed_by=r["resumed_by"],
-        inherited=r["inherited"],
         expires_at=_from_db(r["expires_at"]) if r["expires_at"] is not None else None,
         resume_token_hash=r["resume_token_hash"],
         turn_id=r["turn_id"],

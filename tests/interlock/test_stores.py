@@ -387,7 +387,8 @@ def test_resave_replaces(store: SessionStore) -> None:
         resumed_by=None,
     )
     store.save_snapshot(replaced)
-    assert store.get_snapshot("a") == replaced
+    # all but the claim, which only `claim` and `release` change
+    assert store.get_snapshot("a") == replaced.model_copy(update={"resumed_by": "w1"})
     assert ids(store.list_snapshots()) == ["b", "a"]  # still in first-save order
     assert ids(store.list_snapshots(status=SnapshotStatus.FAILED)) == ["a"]
     assert store.claim("a", "w2") is False
@@ -443,7 +444,7 @@ def test_histories_round_trip_through_chains_and_forks(store: SessionStore) -> N
         got = store.get_snapshot(s.snapshot_id)
         assert got is not None
         assert got.messages == s.messages, s.snapshot_id
-        assert got.inherited == s.inherited, s.snapshot_id
+        assert got.inherited == 0, "what is read back owes nothing to a parent"
     listed = {s.snapshot_id: s for s in store.list_snapshots()}
     assert all(listed[s.snapshot_id].messages == s.messages for s in saved)
     resolved = store.get_snapshot("t6")
@@ -477,6 +478,70 @@ def test_resave_with_inherited_keeps_its_history(store: SessionStore) -> None:
     assert got.messages == b.messages
 
 
+def test_an_edited_history_saved_again_is_kept_as_edited(store: SessionStore) -> None:
+    """A snapshot read back, its inherited messages edited (a redaction), saved again:
+    it reads back as saved, and its parent is left as it was."""
+    saved = _chain_and_forks(store)
+    got = store.get_snapshot("t7")
+    assert got is not None
+    got.messages[1] = msg("[redacted]")
+    store.save_snapshot(got)
+    again = store.get_snapshot("t7")
+    assert again is not None and again.messages == got.messages
+    assert again.messages[1].text == "[redacted]"
+    by_id = {s.snapshot_id: s for s in saved}
+    for sid in ("t0", "t5", "t6", "fork"):
+        kept = store.get_snapshot(sid)
+        assert kept is not None and kept.messages == by_id[sid].messages, sid
+
+
+def test_replacing_a_snapshot_changes_no_other(store: SessionStore) -> None:
+    """A snapshot replaced with a history edited and made shorter: its children,
+    grandchildren and forks keep the histories they were saved with (the SQL store
+    gives them their own rows of what they inherited first), and the session goes on
+    from its latest snapshot."""
+    saved = _chain_and_forks(store)
+    t2 = store.get_snapshot("t2")
+    assert t2 is not None
+    t2.messages = [msg("[redacted]")]
+    store.save_snapshot(t2)
+    got = store.get_snapshot("t2")
+    assert got is not None and [m.text for m in got.messages] == ["[redacted]"]
+    for s in saved:
+        if s.snapshot_id != "t2":
+            kept = store.get_snapshot(s.snapshot_id)
+            assert kept is not None and kept.messages == s.messages, s.snapshot_id
+    latest = store.get_latest_snapshot("s1")
+    assert latest is not None and latest.snapshot_id == "fork"
+    listed = {x.snapshot_id: x.messages for x in store.list_snapshots(session_id="s1")}
+    assert all(listed[s.snapshot_id] == s.messages for s in saved if s.snapshot_id != "t2")
+    # saved again as it was: nothing else changes either
+    store.save_snapshot(saved[2])
+    for s in saved:
+        kept = store.get_snapshot(s.snapshot_id)
+        assert kept is not None and kept.messages == s.messages, s.snapshot_id
+
+
+def test_a_save_does_not_undo_a_claim(store: SessionStore) -> None:
+    """A copy read before a claim, saved after it (a sweeper, a repair script): the
+    claim stands, and no second claimer gets it. Claims change only through `claim`
+    and `release`."""
+    store.save_snapshot(snap("p"))
+    stale = store.get_snapshot("p")
+    assert stale is not None and stale.resumed_by is None
+    assert store.claim("p", "first")
+    store.save_snapshot(stale)
+    got = store.get_snapshot("p")
+    assert got is not None and got.resumed_by == "first"
+    assert not store.claim("p", "second"), "exactly one claimer"
+    store.release("p", "first")
+    claimed = stale.model_copy(update={"resumed_by": "forged"})
+    store.save_snapshot(claimed)
+    got = store.get_snapshot("p")
+    assert got is not None and got.resumed_by is None, "nor does a save make one"
+    assert store.claim("p", "second")
+
+
 def test_inherited_from_unknown_parent_keeps_everything(store: SessionStore) -> None:
     orphan = snap("o", parent_id="gone", messages=[msg("1"), msg("2"), msg("3")], inherited=2)
     store.save_snapshot(orphan)
@@ -496,6 +561,13 @@ def test_sql_store_keeps_each_message_once(sql_store: SqlSessionStore) -> None:
     assert message_rows(sql_store) == 16 + 3
     sql_store.save_snapshot(snap("o", parent_id="gone", messages=[msg("x")] * 3, inherited=2))
     assert message_rows(sql_store) == 16 + 3 + 3
+    # t1 saved again as read back: it owes nothing to t0 then, and is stored whole (4
+    # rows where it had 2); its child t2 first gets rows of its own for the 4 it took
+    # from t1; the snapshots below t2 still read through it
+    t1 = sql_store.get_snapshot("t1")
+    assert t1 is not None
+    sql_store.save_snapshot(t1)
+    assert message_rows(sql_store) == 16 + 3 + 3 + (4 - 2) + 4
 
 
 def test_memory_store_shares_inherited_texts_with_the_parent() -> None:
