@@ -58,6 +58,8 @@ class _Base:
     from_state: bool = False
     by_snapshot: bool = False
     """Addressed by `snapshot_id=`: the snapshot continued need not be the latest."""
+    unnamed: bool = False
+    """A new session that no id named (neither `session_id=` nor `snapshot_id=`)."""
 
 
 class _ClaimedResumeEnded(ResumeValidationError):
@@ -214,6 +216,12 @@ class Agent:
         # after its worker died). A session it begins is named after its turn id, so the
         # next run goes on in it. Without a caller's claim, its resume claims under its
         # turn id, and the next run of the same turn goes on under that claim.
+        if claimed_by is not None and agent_input.resume is None:
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                "claimed_by goes with a resume, which runs under the claim on its pause; "
+                "a new message claims nothing",
+            )
         again = journal is not None
         fresh = session_for_turn(turn_id) if again and turn_id else None
         base = self._address(agent_input, session_id, snapshot_id, state, new_session=fresh)
@@ -410,7 +418,7 @@ class Agent:
                     f"session {session_id} belongs to agent {latest.agent!r}, not {self.name!r}",
                 )
             return _Base(session_id, latest)
-        return _Base(new_session or new_id(), None)
+        return _Base(new_session or new_id(), None, unnamed=new_session is None)
 
     def _session_snapshot(
         self, session_id: str, *, resume: bool, heads: bool = False
@@ -504,9 +512,13 @@ class Agent:
             try:
                 return plan_resume([], resume, self.tool_map, self.middleware)
             except ResumeValidationError as exc:
-                raise ResumeValidationError(
-                    exc.status, f"{exc.message} (session {base.session_id} has no paused turn)"
-                ) from None
+                why = (
+                    "no session_id or snapshot_id was given, so it went to a new session, "
+                    "which has no paused turn: pass those of the interrupted output"
+                    if base.unnamed
+                    else f"session {base.session_id} has no paused turn"
+                )
+                raise ResumeValidationError(exc.status, f"{exc.message} ({why})") from None
         # A snapshot that did not pause has nothing pending: the parts refuse the resume
         # (a ref from an earlier turn, or one not found), as rule 1 says.
         check_resumable(base.snapshot, claimed_by, interrupted=False)

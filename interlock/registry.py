@@ -221,17 +221,18 @@ class Interlock:
         provider, _, model = name.partition("/")
         factory = self.providers.get(provider)
         if factory is None:
+            known = ", ".join(sorted(self.providers)) or "none"
             if "/" not in name:  # `gpt-4o-mini` for `openai/gpt-4o-mini`
-                known = ", ".join(sorted(self.providers)) or "none"
                 raise StatusError(
                     Status.NOT_FOUND,
-                    f"model {name!r} is not defined: model names read provider/model "
-                    f"(e.g. openai/{name or 'gpt-4o-mini'}); registered providers: {known}",
+                    f"model {name!r} is not defined: define it with ai.define_model under "
+                    "that name, or name a provider's model as provider/model (e.g. "
+                    f"openai/gpt-4o-mini); registered providers: {known}",
                 )
             raise StatusError(
                 Status.NOT_FOUND,
                 f"model {name!r} is not defined: define it with ai.define_model, or "
-                f"register a provider for {provider!r}",
+                f"register a provider for {provider!r} (registered providers: {known})",
             )
         self.models[name] = factory(model)
         return self.models[name]

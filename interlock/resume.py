@@ -157,6 +157,11 @@ def plan_resume(
     for part in resume.respond:
         res = part.tool_response
         marker = part.meta("interruptResponse")  # True, or Genkit's metadata object
+        if res is None and part.tool_request is not None and part.meta("resumed") is not None:
+            raise _invalid(
+                f"respond lists a restart part (ref {part.tool_request.ref}, built with "
+                "resume()/restart()): put it in restart"
+            )
         if res is None or not (marker is True or isinstance(marker, dict)):
             raise _invalid(
                 "respond entries must be tool-response parts built with respond() from the "
@@ -172,6 +177,12 @@ def plan_resume(
     restarted: set[str] = set()
     for part in resume.restart:
         req = part.tool_request
+        answer, marker = part.tool_response, part.meta("interruptResponse")
+        if req is None and answer is not None and (marker is True or isinstance(marker, dict)):
+            raise _invalid(
+                f"restart lists a respond part (ref {answer.ref}, built with respond()): "
+                "put it in respond"
+            )
         if req is None or part.meta("resumed") is None:
             raise _invalid(
                 "restart entries must be tool-request parts built with resume()/restart() "

@@ -199,11 +199,16 @@ class Tool(Generic[In, Out]):
     # -- building answers to interrupts ----------------------------------------------
 
     def _own(self, part: Part) -> None:
-        if part.tool_request is None or part.tool_request.name != self.name:
-            got = part.tool_request.name if part.tool_request else "a non-tool part"
+        if part.tool_request is None:
             raise StatusError(
                 Status.INVALID_ARGUMENT,
-                f"part belongs to {got!r}, not to tool {self.name!r}",
+                f"tool {self.name!r} answers an interrupt by its tool-request part (one of "
+                "output.interrupts), not by this part",
+            )
+        if part.tool_request.name != self.name:
+            raise StatusError(
+                Status.INVALID_ARGUMENT,
+                f"part belongs to {part.tool_request.name!r}, not to tool {self.name!r}",
             )
 
     @overload

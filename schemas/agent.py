@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ._base import Omittable, OmittableList, WireModel
 from .parts import Message, Part, Role, exactly_one_of
@@ -35,10 +35,19 @@ class FinishReason(StrEnum):
 
 
 class ErrorInfo(WireModel):
-    """An error as it crosses a process boundary: `{"status", "message"}`."""
+    """An error as it crosses a process boundary: `{"status", "message"}`. A status
+    this version does not know (a newer sender's) is read as UNKNOWN, as gRPC clients
+    read one; the message is kept."""
 
     status: Status
     message: str
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _unknown_status(cls, value: object) -> object:
+        if isinstance(value, str) and value not in Status.__members__:
+            return Status.UNKNOWN
+        return value
 
 
 class ToolResume(WireModel):

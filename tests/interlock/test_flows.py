@@ -818,7 +818,13 @@ def test_a_model_defined_without_a_provider_is_named_as_defined() -> None:
     with pytest.raises(StatusError) as info:
         ai.define_agent("g", model="gpt-4o-mini", store=None).run_text("hi")
     assert info.value.status is Status.NOT_FOUND
-    assert "model names read provider/model" in info.value.message
+    assert (
+        "define it with ai.define_model under that name, or name a provider's model as "
+        "provider/model" in info.value.message
+    )
+    with pytest.raises(StatusError) as other:
+        ai.define_agent("x", model="ech0", store=None).run_text("hi")
+    assert "openai/ech0" not in other.value.message, "no provider is guessed for a typo"
 
 
 def test_unknown_model_on_resume_does_not_leave_a_claim() -> None:

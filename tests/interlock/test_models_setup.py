@@ -158,8 +158,9 @@ def test_a_model_name_without_its_provider_says_how_names_read(
         ai.lookup_model("gpt-4o-mini")
     assert info.value.status is Status.NOT_FOUND
     assert info.value.message == (
-        "model 'gpt-4o-mini' is not defined: model names read provider/model "
-        "(e.g. openai/gpt-4o-mini); registered providers: anthropic, googleai, ollama, "
+        "model 'gpt-4o-mini' is not defined: define it with ai.define_model under that "
+        "name, or name a provider's model as provider/model (e.g. openai/gpt-4o-mini); "
+        "registered providers: anthropic, googleai, ollama, "
         "openai, scripted, vllm"
     )
     # An unknown provider keeps its own hint.
@@ -167,5 +168,6 @@ def test_a_model_name_without_its_provider_says_how_names_read(
         ai.lookup_model("nowhere/gpt-4o-mini")
     assert other.value.message == (
         "model 'nowhere/gpt-4o-mini' is not defined: define it with ai.define_model, or "
-        "register a provider for 'nowhere'"
+        "register a provider for 'nowhere' (registered providers: anthropic, googleai, "
+        "ollama, openai, scripted, vllm)"
     )

@@ -486,15 +486,27 @@ def test_hand_rolled_restart_part_is_rejected() -> None:
         ToolResume(restart=[hand_rolled]),
         session_id=out.session_id,
     )
-    # a respond part put in the restart list is no restart either
+    # a respond part put in the restart list is no restart either, and the other way
+    # round: each is told where it goes
     answer = transferMoney.respond(out.interrupts[0], TransferOutput(success=True))
     rejects(
         Status.INVALID_ARGUMENT,
-        "hand-rolled part is rejected",
+        f"restart lists a respond part (ref {req.ref}, built with respond()): put it in respond",
         bankingAgent.run,
         ToolResume(restart=[answer]),
         session_id=out.session_id,
     )
+    again = transferMoney.resume(out.interrupts[0], ApprovalReply(approved=True))
+    rejects(
+        Status.INVALID_ARGUMENT,
+        f"respond lists a restart part (ref {req.ref}, built with resume()/restart()): put it "
+        "in restart",
+        bankingAgent.run,
+        ToolResume(respond=[again]),
+        session_id=out.session_id,
+    )
+    latest = bankingAgent.store.get_latest_snapshot(out.session_id) if bankingAgent.store else None
+    assert latest is not None and latest.snapshot_id == out.snapshot_id, "nothing written"
 
 
 def test_respond_output_checked_against_out_type() -> None:
@@ -866,6 +878,45 @@ def test_resume_on_a_fresh_session_has_nothing_to_resume() -> None:
         session_id="fresh",
     )
     assert rig.store.get_latest_snapshot("fresh") is None, "nothing written"
+
+
+def test_a_resume_that_names_no_session_says_so() -> None:
+    """With a store, a resume given neither session_id= nor snapshot_id= goes to a new
+    session: its answers are "not found in session history", and the message says
+    why, not the new session's random id."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    [part] = out.interrupts
+    assert part.tool_request is not None
+    before = rig.store.list_snapshots()
+    rejects(
+        Status.INVALID_ARGUMENT,
+        f"ref {part.tool_request.ref} not found in session history (no session_id or "
+        "snapshot_id was given, so it went to a new session, which has no paused turn: "
+        "pass those of the interrupted output)",
+        rig.agent.run,
+        ToolResume(respond=[respond(part, {"n": 2})]),
+    )
+    assert rig.store.list_snapshots() == before, "nothing written"
+
+
+def test_claimed_by_goes_with_a_resume_only() -> None:
+    """A new message run with claimed_by= is refused: a claim is on a pause, and a
+    message answers none (nor would it run one at a time in its session)."""
+    rig = Rig({"n": 1})
+    out = rig.paused()
+    before = rig.store.list_snapshots()
+    for where in ({"session_id": out.session_id}, {"snapshot_id": out.snapshot_id}, {}):
+        rejects(
+            Status.INVALID_ARGUMENT,
+            "claimed_by goes with a resume, which runs under the claim on its pause; a new "
+            "message claims nothing",
+            rig.agent.run,
+            Message.model_validate({"role": "user", "content": [{"text": "more"}]}),
+            claimed_by="reviewer-1",
+            **where,
+        )
+    assert rig.store.list_snapshots() == before, "nothing run, nothing written"
 
 
 def test_snapshot_of_another_session_or_agent() -> None:

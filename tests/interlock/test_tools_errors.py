@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from examples.banking import (
     ApprovalAsk,
@@ -50,7 +50,7 @@ from interlock import (
     scripted,
     status_of,
 )
-from schemas import ErrorInfo
+from schemas import ErrorInfo, TurnFailed
 
 
 class Num(BaseModel):
@@ -588,7 +588,7 @@ def test_builders_check_the_part_belongs_to_the_tool() -> None:
             build()
         assert info.value.status is Status.INVALID_ARGUMENT
         assert "part belongs to 'other', not to tool 'transferMoney'" in info.value.message
-    with pytest.raises(StatusError, match="a non-tool part"):
+    with pytest.raises(StatusError, match="answers an interrupt by its tool-request part"):
         transferMoney.respond(Part(text="x"), TransferOutput(success=True))
 
 
@@ -771,6 +771,28 @@ def test_errors_json_roundtrip(err: StatusError) -> None:
     info = err.to_info()
     assert isinstance(info, ErrorInfo)
     assert error_from_info(info).to_json() == data
+
+
+def test_an_unknown_status_from_a_newer_sender_reads_as_unknown() -> None:
+    """A status this version does not know is UNKNOWN, message kept (gRPC's rule), from
+    `from_json`, `error_from_info` and an event alike; what is no error's JSON is still
+    refused."""
+    data = {"status": "QUOTA_OVERDRAWN", "message": "try tomorrow"}
+    for err in (StatusError.from_json(data), error_from_info(data)):
+        assert (err.status, err.message) == (Status.UNKNOWN, "try tomorrow")
+    failed = TurnFailed.model_validate(
+        {
+            "event_id": "e1",
+            "agent": "a",
+            "session_id": "s",
+            "turn_id": "t",
+            "error": data,
+        }
+    )
+    assert failed.error.status is Status.UNKNOWN
+    for bad in ({"status": 5, "message": "m"}, {"message": "m"}, {"status": "NOT_FOUND"}):
+        with pytest.raises(ValidationError):
+            error_from_info(bad)
 
 
 def test_error_defaults_and_tree() -> None:
