@@ -52,15 +52,22 @@ whole seconds, 2 at least; and a Redis connection of `--wait` reads the reply of
 blocking wait the server ends within a second (kombu's `brpop_timeout`), which must come
 well within it."""
 NO_ANSWER_HINT = (
-    "are `interlock worker` and `interlock resume-consumer` running on this broker and store?"
+    "are `interlock worker` and `interlock resume-consumer` running on this broker and store? "
+    "What was sent stays queued, and goes on once they are"
 )
 """What a client waiting in vain for a decision's outcome and its turn asks (`decide
 --wait`, `demo --broker`)."""
-NO_WORKER_HINT = "is `interlock worker` running on this broker and store?"
-NO_CONSUMER_HINT = "is `interlock resume-consumer` running on this broker and store?"
-"""What a client waiting in vain for a decision's outcome asks (`decide --wait`)."""
+NO_WORKER_HINT = (
+    "is `interlock worker` running on this broker and store? What was sent stays queued, "
+    "and runs once one is"
+)
 """What a client waiting in vain for a turn's end asks (`submit --wait`): a turn needs a
 worker, not the resume consumer."""
+NO_CONSUMER_HINT = (
+    "is `interlock resume-consumer` running on this broker and store? The decision stays "
+    "queued, and is decided once one is"
+)
+"""What a client waiting in vain for a decision's outcome asks (`decide --wait`)."""
 
 
 def _invalid(message: str) -> StatusError:

@@ -183,39 +183,64 @@ def test_task_events_go_out_only_with_dash_e(batch: Batch, events_on: bool) -> N
 # ------------------------------------------------------------ no broker
 
 
-def test_a_burst_consumer_with_no_broker_exits_unavailable(tmp_path: Path) -> None:
-    """A batch job whose broker is not there: a few attempts, one line each, then exit 1
-    with a one-line reason, instead of waiting for ever."""
+@pytest.mark.parametrize(
+    ("command", "logger"),
+    [("worker", "interlock.worker"), ("resume-consumer", "interlock.consumer")],
+)
+def test_a_burst_process_with_no_broker_exits_unavailable(
+    tmp_path: Path, command: str, logger: str
+) -> None:
+    """A batch job whose broker is not there: a line per attempt, then exit 1 with a
+    one-line reason, instead of waiting for ever; the worker before it starts (no
+    "starting" line: its Celery would print a screenful of traceback)."""
     broker = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     store = f"sqlite:///{tmp_path / 'store.db'}"
-    result = run_cli(
-        "resume-consumer", "--burst", "--app", APP, "--broker", broker, "--store", store
-    )
-    assert result.returncode == 1, result.describe()
-    assert "error: UNAVAILABLE: cannot reach the broker" in result.stderr, result.describe()
-    retries = result.stderr.count("); trying again in")  # one line before each retry
-    assert retries == BURST_CONNECT_RETRIES, result.describe()
-    assert "Traceback" not in result.stderr, result.describe()
-
-
-def test_a_burst_worker_with_no_broker_exits_unavailable(tmp_path: Path) -> None:
-    """As the consumer: a line per attempt, then one line, before Celery starts (it
-    would print a screenful of traceback)."""
-    broker = f"redis://127.0.0.1:{free_port()}/0"
-    store = f"sqlite:///{tmp_path / 'store.db'}"
     flags = ["--app", APP, "--broker", broker, "--store", store]
-    result = run_cli("worker", "--burst", "--idle", "1", "--pool", "solo", *flags)
+    extra = ["--idle", "1", "--pool", "solo"] if command == "worker" else []
+    result = run_cli(command, "--burst", *extra, *flags)
     assert result.returncode == 1, result.describe()
     assert result.stderr.splitlines()[-1].startswith(
         "error: UNAVAILABLE: cannot reach the broker"
     ), result.describe()
     retries = [line for line in result.stderr.splitlines() if "); trying again in" in line]
     assert len(retries) == BURST_CONNECT_RETRIES, result.describe()
-    for line in retries:  # stamped as the resume consumer's log lines are
+    for line in retries:  # stamped as log lines are
         stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
-        assert re.match(stamp + r"interlock\.worker WARNING cannot reach the broker \(", line), line
+        assert re.match(stamp + re.escape(logger) + r" WARNING cannot reach the broker \(", line), (
+            line
+        )
     assert "Traceback" not in result.stderr + result.stdout, result.describe()
-    assert result.stdout == "", "it never started"
+    lines = [line.get("resume_consumer") for line in result.json_lines()]
+    assert lines == (["starting"] if command == "resume-consumer" else []), result.describe()
+
+
+@pytest.mark.parametrize(
+    ("command", "logger"),
+    [("worker", "interlock.worker"), ("resume-consumer", "interlock.consumer")],
+)
+def test_the_starting_line_names_the_agents_and_an_app_with_none_is_warned_of(
+    tmp_path: Path, command: str, logger: str
+) -> None:
+    """An --app that defines no agent (the wrong object, a module that defines them
+    elsewhere) would start and refuse every turn or decision NOT_FOUND: the "starting"
+    line lists the agents, and an empty list is said on stderr at once."""
+    (tmp_path / "bare_app.py").write_text("from interlock import Interlock\nai = Interlock()\n")
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    extra = ["--idle", "1", "--pool", "solo"] if command == "worker" else ["--idle", "1"]
+    with start_redis(tmp_path / "redis") as server:
+        for app, agents in (("bare_app", []), (APP, ["bankingAgent", "guardedBankingAgent"])):
+            result = run_cli(
+                command, "--burst", *extra, "--app", app, "--broker", server.url,
+                "--store", store, cwd=tmp_path,
+            )  # fmt: skip
+            assert result.returncode == 0, result.describe()
+            starting = result.json_lines()[0]
+            assert starting["agents"] == agents, result.describe()
+            warned = (
+                f"{logger} WARNING the app {app} defines no agent: every turn and "
+                "decision will be refused (NOT_FOUND); check --app or INTERLOCK_APP"
+            )
+            assert (warned in result.stderr) == (not agents), result.describe()
 
 
 @pytest.mark.parametrize(
@@ -700,7 +725,8 @@ def test_a_file_sent_again_with_wait_and_no_store_to_read_names_the_unannounced(
         assert last == (
             "error: DEADLINE_EXCEEDED: 0 of 2 turns ended; no end of the other 2 within 2s "
             "(turn ids batch-hello-1, batch-transfer-2): is `interlock worker` running on "
-            "this broker and store? A turn id that had ended before it was sent again runs "
+            "this broker and store? What was sent stays queued, and runs once one is. A turn "
+            "id that had ended before it was sent again runs "
             f"once and is not announced again: `interlock pending --store {other}` lists "
             "the paused turns"
         ), again.describe()

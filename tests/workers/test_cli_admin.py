@@ -562,7 +562,8 @@ def test_demo_with_no_worker_on_its_broker_says_what_to_start(
     assert result.returncode == 1, result.describe()
     assert result.stderr.splitlines()[-1] == (
         "error: DEADLINE_EXCEEDED: no event of the turn within 2s: are `interlock worker` "
-        "and `interlock resume-consumer` running on this broker and store?"
+        "and `interlock resume-consumer` running on this broker and store? What was sent "
+        "stays queued, and goes on once they are"
     ), result.describe()
 
 
@@ -677,7 +678,8 @@ def test_decide_wait_with_no_consumer_says_what_it_waited_for(tmp_path: Path) ->
     [decision_id] = [line["decision_id"] for line in result.json_lines()]
     assert result.stderr.splitlines()[-1] == (
         f"error: DEADLINE_EXCEEDED: no outcome of decision {decision_id} within 1s: is "
-        "`interlock resume-consumer` running on this broker and store?"
+        "`interlock resume-consumer` running on this broker and store? The decision stays "
+        "queued, and is decided once one is"
     ), result.describe()
 
 
@@ -812,7 +814,9 @@ def test_every_command_that_reads_the_store_lists_the_flag() -> None:
     """The commands that read or write the store list --store; `submit` says when it
     reads it (the workers store the turns)."""
     shown = " ".join(run_cli("submit", "--help").stdout.split())
-    assert "--store TEXT The workers' store; read only with --wait and a --file" in shown
+    assert (
+        "--store TEXT The workers' store; read only with --wait, for turns sent with ids" in shown
+    )
     for command in ("worker", "resume-consumer", "pending", "decide", "resend", "audit", "prune"):
         assert "--store" in run_cli(command, "--help").stdout, command
     ran = run_cli("submit", "--store", "sqlite:///x.db", "--agent", "a", "--text", "")

@@ -481,6 +481,14 @@ def test_the_cli_alone_submits_waits_and_decides(stack: QueueStack) -> None:
     ids, paused = submitted.json_lines()
     assert paused["type"] == "turn.interrupted" and paused["turn_id"] == ids["turn_id"]
     assert f"--token {paused['resume_token']}" in submitted.stderr
+    assert "sent: a worker runs it" not in submitted.stderr, "--wait says how it ended"
+    quiet = run_cli("submit", "--app", APP, "--agent", AGENT, "--text", "hi", *where)
+    assert quiet.returncode == 0, quiet.describe()
+    assert [sorted(line) for line in quiet.json_lines()] == [["session_id", "turn_id"]]
+    assert quiet.stderr == (
+        "sent: a worker runs it (--wait prints how it ends: a pause with the resume_token "
+        "that `interlock decide` takes)\n"
+    ), "without --wait, how to learn the token"
 
     both = run_cli("decide", paused["snapshot_id"], "--token", paused["resume_token"],
                    "--approve", "--deny", *where)  # fmt: skip

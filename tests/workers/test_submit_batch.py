@@ -327,7 +327,8 @@ def test_wait_deletes_its_queue_and_binding_on_an_error_or_a_signal(
         assert " stopped; the turn was sent and goes on: `interlock pending --store " in err
     if how == "timeout":  # a turn needs a worker; the resume consumer is no help
         assert err.splitlines()[-1].endswith(
-            "within 1s: is `interlock worker` running on this broker and store?"
+            "within 1s: is `interlock worker` running on this broker and store? What was sent "
+            "stays queued, and runs once one is"
         ), err
     assert cli_queues(server) == []
 
@@ -579,5 +580,5 @@ def test_a_batch_wait_that_times_out_names_the_first_turns_it_waited_for(
     assert last == (
         "error: DEADLINE_EXCEEDED: 0 of 7 turns ended; no end of the other 7 within 1s "
         f"(turn ids {', '.join(sent[:5])} and 2 more): is `interlock worker` running on "
-        "this broker and store?"
+        "this broker and store? What was sent stays queued, and runs once one is"
     ), result.describe()

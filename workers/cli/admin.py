@@ -77,8 +77,9 @@ DEMO_TEXT = "Transfer $500 to my savings account."
     help="Run the banking agent on a real model: openai/gpt-4o-mini, "
     "googleai/gemini-flash-latest, anthropic/claude-haiku-4-5, ollama/llama3.1 "
     "(keys from OPENAI_API_KEY, GEMINI_API_KEY, ANTHROPIC_API_KEY; see docs/models.md). "
-    "Default: the scripted model. With --broker, start the worker with "
-    "INTERLOCK_BANKING_MODEL=PROVIDER/MODEL instead.",
+    "Default: INTERLOCK_BANKING_MODEL if set, else the scripted model. With --broker, "
+    "start the worker with INTERLOCK_BANKING_MODEL=PROVIDER/MODEL instead. "
+    "[env: INTERLOCK_BANKING_MODEL]",
 )
 @clear_errors
 def demo(

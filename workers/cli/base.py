@@ -470,9 +470,10 @@ store_option = click.option(
 submit_store_option = click.option(
     "--store",
     envvar="INTERLOCK_STORE_URL",
-    help="The workers' store; read only with --wait and a --file whose lines give turn "
-    "ids, to tell the turns that ended before (not announced again); --wait's decide "
-    "hint repeats it. [env: INTERLOCK_STORE_URL; default sqlite:///interlock.db]",
+    help="The workers' store; read only with --wait, for turns sent with ids of their own "
+    "(--turn-id, or a --file's turn_id), to tell those that ended before (not announced "
+    "again); --wait's decide hint repeats it. [env: INTERLOCK_STORE_URL; default "
+    "sqlite:///interlock.db]",
 )
 
 

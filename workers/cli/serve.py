@@ -34,6 +34,8 @@ from .base import (
 if TYPE_CHECKING:
     from kombu.connection import Connection
 
+    from interlock import Interlock
+
 __all__ = ["resume_consumer", "worker"]
 
 
@@ -157,7 +159,7 @@ def worker(
     settings = shared_store(
         shared_broker(settings_of(app, broker, store, heartbeat_file, one_shot=False))
     )
-    load_registry(settings.app)  # fail here, clearly, rather than inside Celery
+    registry = load_registry(settings.app)  # fail here, clearly, rather than inside Celery
     _check_heartbeat(settings)
     if burst:  # a batch job: no broker or store, one line (UNAVAILABLE), turns kept queued
         _reach_broker(settings)
@@ -171,6 +173,7 @@ def worker(
         {
             "worker": "starting",
             "app": settings.app,
+            "agents": _agents(registry, settings.app, "interlock.worker"),
             "broker": redact_url(settings.broker_url),
             "store": redact_url(settings.store_url),
             "concurrency": 1 if pool == "solo" else concurrency,  # solo runs one at a time
@@ -334,6 +337,19 @@ def _log_line(name: str, level: int, message: str) -> str:
     return logging.Formatter(_LOG_FORMAT).format(record)
 
 
+def _agents(registry: Interlock, app: str | None, logger: str) -> list[str]:
+    """The names of the agents `registry` defines, for the "starting" line; none is
+    warned of on stderr: every turn and decision would be refused NOT_FOUND."""
+    names = sorted(registry.agents)
+    if not names:
+        said = (
+            f"the app {app} defines no agent: every turn and decision will be refused "
+            "(NOT_FOUND); check --app or INTERLOCK_APP"
+        )
+        click.echo(_log_line(logger, logging.WARNING, said), err=True)
+    return names
+
+
 def _reach_broker(settings: Settings) -> None:
     """Connect once, with burst mode's few attempts (2, 4 and 6 s apart); a broker
     that cannot be reached raises kombu's OperationalError, one that refuses the login
@@ -428,6 +444,7 @@ def resume_consumer(
         {
             "resume_consumer": "starting",
             "app": settings.app,
+            "agents": _agents(rt.registry, settings.app, "interlock.consumer"),
             "broker": redact_url(settings.broker_url),
             "store": redact_url(settings.store_url),
             "burst": burst,

@@ -174,6 +174,12 @@ def submit(
             waiter.turn_event(sent[0])
         elif waiter is not None:
             waiter.turn_events(sent, frozenset(given), ended)
+        elif turn_file is None:
+            click.echo(
+                "sent: a worker runs it (--wait prints how it ends: a pause with the "
+                "resume_token that `interlock decide` takes)",
+                err=True,
+            )
     finally:
         if waiter is not None:
             waiter.close()
@@ -334,7 +340,12 @@ def _cut_short(exc: BaseException, turns: list[FileTurn], sent: int) -> None:
 @clear_errors
 def pending(store: str | None, session_id: str | None, limit: int) -> None:
     """List the open interrupts, one JSON line each (newest first). When there are more
-    than --limit, says so on stderr."""
+    than --limit, says so on stderr.
+
+    The store keeps no resume token (only its hash): `interlock decide --token` takes
+    the one in the pause's turn.interrupted event (on the queue interlock.interrupted;
+    `submit --wait` prints it), and `interlock resend SNAPSHOT_ID` announces a pause
+    again with a new one."""
     from interlock import FinishReason, SnapshotStatus
 
     refuse_non_text((("--session", session_id),), ": no session id holds one")
@@ -414,7 +425,8 @@ def _pending_row(snap: Snapshot) -> dict[str, Any]:
     "resume_token",
     envvar="INTERLOCK_RESUME_TOKEN",
     required=True,
-    help="The resume_token of the turn.interrupted event. [env: INTERLOCK_RESUME_TOKEN]",
+    help="The resume_token of the turn.interrupted event (`submit --wait` prints it; "
+    "`interlock resend SNAPSHOT_ID` issues a new one). [env: INTERLOCK_RESUME_TOKEN]",
 )
 @click.option(
     "--approve",

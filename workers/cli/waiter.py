@@ -220,7 +220,7 @@ class Waiter:
         )
         if given.intersection(left):
             said += (
-                " A turn id that had ended before it was sent again runs once and is not "
+                ". A turn id that had ended before it was sent again runs once and is not "
                 f"announced again: {pending_hint(self.settings)} lists the paused turns"
             )
         return said
