@@ -41,6 +41,7 @@ from .runtime import Runtime
 
 __all__ = [
     "RESUME_PREFIX",
+    "WRONG_TOKEN",
     "ParseFailure",
     "check_decision",
     "check_token",
@@ -87,7 +88,7 @@ def parse_decision(body: bytes | str, content_type: str | None) -> Decision | Pa
     if isinstance(data, ParseFailure):
         return lenient_failure(data.reason, raw)
     if not isinstance(data, dict):
-        return ParseFailure(f"decision must be a JSON object, not {type(data).__name__}")
+        return ParseFailure(f"decision must be a JSON object, not {json_kind(data)}")
     if "schema_version" not in data:
         return _failure("schema_version is missing; this consumer reads 1", data)
     version = data["schema_version"]
@@ -146,13 +147,27 @@ def _failure(reason: str, data: Any) -> ParseFailure:
     )
 
 
+_JSON_KINDS = {type(None): "null", bool: "a boolean", int: "a number", float: "a number"}
+_JSON_KINDS.update({str: "a string", list: "an array"})
+
+
+def json_kind(value: Any) -> str:
+    """What JSON calls the kind of `value` (a parsed JSON value): "an array", "null"."""
+    return _JSON_KINDS.get(type(value), type(value).__name__)
+
+
 def _read_json(raw: bytes) -> Any:
     """The JSON value of `raw`, or the ParseFailure saying why it is none."""
     try:
         # A leading byte order mark is ignored (RFC 8259 lets a reader do so); NaN and
         # Infinity, which Python's reader would take, are no JSON.
         return json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant, parse_float=_finite)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except UnicodeDecodeError as exc:  # said as a reader in any language would say it
+        byte = exc.object[exc.start : exc.start + 1].hex()
+        return ParseFailure(
+            f"decision is not JSON: it is not UTF-8 text (byte 0x{byte} at offset {exc.start})"
+        )
+    except ValueError as exc:
         return ParseFailure(f"decision is not JSON: {exc}")
     except RecursionError:  # "[[[[...": a poison message, not a reason to retry
         return ParseFailure("decision is not JSON that can be read: it is nested too deeply")
@@ -352,6 +367,10 @@ def check_decision(
     return resume
 
 
+WRONG_TOKEN = "resume_token does not match snapshot {snapshot_id}"
+"""How a wrong resume token is refused (PERMISSION_DENIED), before any hint."""
+
+
 def check_token(snapshot: Snapshot, token: str | None) -> None:
     """Rule 3: `token` must be the resume token of `snapshot`'s pause, else
     PERMISSION_DENIED. A snapshot that never paused was issued no token and can never be
@@ -362,13 +381,22 @@ def check_token(snapshot: Snapshot, token: str | None) -> None:
         snapshot.finish_reason == FinishReason.INTERRUPTED or snapshot.resume_token_hash is not None
     )
     if paused and not token_matches(token, snapshot.resume_token_hash):
-        raise StatusError(
-            Status.PERMISSION_DENIED,
-            f"resume_token does not match snapshot {snapshot.snapshot_id}"
-            if token
-            else f"the decision has no resume_token for snapshot {snapshot.snapshot_id}: "
-            "send the one its turn.interrupted event carries",
-        )
+        sid = snapshot.snapshot_id
+        if not token:
+            raise StatusError(
+                Status.PERMISSION_DENIED,
+                f"the decision has no resume_token for snapshot {sid}: send the one its "
+                "turn.interrupted event carries",
+            )
+        try:  # a pause still open can be announced again; an answered one cannot
+            check_resumable(snapshot)
+            hint = (
+                ": send the one its latest turn.interrupted event carries, or announce the "
+                f"pause again with a new one (`interlock resend {sid}`)"
+            )
+        except StatusError:
+            hint = ""
+        raise StatusError(Status.PERMISSION_DENIED, f"{WRONG_TOKEN.format(snapshot_id=sid)}{hint}")
 
 
 def resume_request(decision: Decision, snapshot: Snapshot) -> TurnRequest:

@@ -220,7 +220,10 @@ BASE = b'{"schema_version": 1, "decision_id": "deep-2", "snapshot_id": "s", "res
             BASE + b', "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
             "decision is not JSON that can be read: it is nested too deeply",
         ),
-        (BASE + b', "reviewer": "a\xffb"}', "decision is not JSON: 'utf-8' codec"),
+        (
+            BASE + b', "reviewer": "a\xffb"}',
+            f"decision is not JSON: it is not UTF-8 text (byte 0xff at offset {len(BASE) + 16})",
+        ),
         (
             b'{"n": ' + b"9" * 5000 + b' , "decision_id" :  "sp\\u0061ced", "s": "}{,\\""}',
             "decision is not JSON: Exceeds the limit",
@@ -239,6 +242,26 @@ def test_a_decision_no_json_reader_takes_still_names_its_id(raw: bytes, reason: 
     assert isinstance(failure, ParseFailure)
     assert failure.reason.startswith(reason), failure.reason
     assert failure.decision_id == ("spaced" if raw.startswith(b'{"n"') else "deep-2")
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        (b"null", "null"),
+        (b"[1, 2]", "an array"),
+        (b'"approve"', "a string"),
+        (b"7", "a number"),
+        (b"2.5", "a number"),
+        (b"true", "a boolean"),
+    ],
+)
+def test_a_decision_that_is_no_object_is_named_by_its_json_kind(body: bytes, kind: str) -> None:
+    """Said as JSON names it, for a dashboard in any language: not Python's type."""
+    from workers.decisions import ParseFailure, parse_decision
+
+    failure = parse_decision(body, "application/json")
+    assert isinstance(failure, ParseFailure)
+    assert failure.reason == f"decision must be a JSON object, not {kind}"
 
 
 def test_a_decision_id_nested_below_the_top_level_is_not_taken_for_its_id() -> None:

@@ -226,6 +226,14 @@ def test_rejected_decision_claims_nothing(rig: Rig) -> None:
     assert [row.outcome for row in rig.rows(wrong["decision_id"])] == ["rejected"]
     assert rig.enqueued() == []
     assert consumer.handle(raw(body), "application/json", {}).type == "decision.accepted"
+    # answered now: a wrong token is still PERMISSION_DENIED (rule 3 comes first), with
+    # no way to a new token offered, since an answered pause gets none
+    late = {**body, "decision_id": str(uuid.uuid4()), "resume_token": "not-the-token"}
+    refused = consumer.handle(raw(late), "application/json", {}).model_dump(mode="json")
+    assert refused["error"] == {
+        "status": "PERMISSION_DENIED",
+        "message": f"resume_token does not match snapshot {body['snapshot_id']}",
+    }
 
 
 def test_the_decision_log_keeps_no_resume_token(rig: Rig) -> None:
@@ -483,9 +491,14 @@ def test_each_decision_read_leaves_one_line_in_the_log(
     lines = [r.getMessage() for r in caplog.records if r.name == "interlock.consumer"]
     request, again = rig.enqueued()  # the repeat enqueues the same turn: it runs once
     assert again["turn_id"] == request["turn_id"]
+    sid = body["snapshot_id"]
+    wrong_token = (  # the pause is still open: the way to its token is said
+        f"PERMISSION_DENIED: resume_token does not match snapshot {sid}: send the one its "
+        "latest turn.interrupted event carries, or announce the pause again with a new one "
+        f"(`interlock resend {sid}`)"
+    )
     assert lines == [
-        f"decision {wrong['decision_id']} rejected (snapshot {body['snapshot_id']}): "
-        f"PERMISSION_DENIED: resume_token does not match snapshot {body['snapshot_id']}",
+        f"decision {wrong['decision_id']} rejected (snapshot {sid}): {wrong_token}",
         f"decision {body['decision_id']} accepted: snapshot {body['snapshot_id']} resumes "
         f"as turn {request['turn_id']}",
         "kept an unreadable decision on interlock.decisions.dead: schema_version is "
@@ -493,8 +506,7 @@ def test_each_decision_read_leaves_one_line_in_the_log(
         "decision (without an id) rejected (snapshot None): INVALID_ARGUMENT: "
         "schema_version is missing; this consumer reads 1",
         f"decision {wrong['decision_id']} rejected again (decided before) (snapshot "
-        f"{body['snapshot_id']}): PERMISSION_DENIED: resume_token does not match snapshot "
-        f"{body['snapshot_id']}",
+        f"{sid}): {wrong_token}",
         f"decision {body['decision_id']} accepted again (decided before): snapshot "
         f"{body['snapshot_id']} resumes as turn {request['turn_id']}",
     ], lines

@@ -615,7 +615,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
 @pytest.mark.parametrize(
     ("make", "has_id", "reason"),
     [
-        (lambda d: [d], False, "JSON object"),
+        (lambda d: [d], False, "decision must be a JSON object, not an array"),
         (lambda d: {**d, "schema_version": 2}, True, "schema_version"),
         (lambda d: {k: v for k, v in d.items() if k != "schema_version"}, True, "schema_version"),
         (lambda d: {k: v for k, v in d.items() if k != "snapshot_id"}, True, "snapshot_id"),
@@ -643,12 +643,12 @@ DEEP = "[" * 100_000 + "]" * 100_000
         (  # no UTF-8: a decision_id read with a byte replaced is not the one sent
             lambda d: json.dumps({**d, "decision_id": "BAD"}).encode().replace(b"BAD", b"id\xff"),
             False,
-            "decision is not JSON: 'utf-8' codec can't decode byte 0xff",
+            "decision is not JSON: it is not UTF-8 text (byte 0xff at offset ",
         ),
         (  # no UTF-8 elsewhere: its decision_id is read all the same
             lambda d: json.dumps({**d, "reviewer": "BAD"}).encode().replace(b"BAD", b"\xff"),
             True,
-            "decision is not JSON: 'utf-8' codec can't decode byte 0xff",
+            "decision is not JSON: it is not UTF-8 text (byte 0xff at offset ",
         ),
     ],
     ids=[

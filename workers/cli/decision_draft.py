@@ -88,24 +88,29 @@ def _read_snapshot(settings: Settings, snapshot_id: str) -> Snapshot:
 
 def _check_token(settings: Settings, snap: Snapshot, resume_token: str) -> None:
     """Rule 3 (the token), then, for a wrong one, whether a new token can be issued: a
-    pause still open gets the hint to announce it again."""
+    pause still open gets the hint to announce it again, with the flags to pass."""
     from interlock import StatusError
     from interlock.resume import check_resumable
 
-    from ..decisions import check_token
+    from ..decisions import WRONG_TOKEN, check_token
 
     try:
         check_token(snap, resume_token)
     except StatusError as exc:
+        said = (
+            WRONG_TOKEN.format(snapshot_id=snap.snapshot_id)
+            if resume_token
+            else f"--token is empty: snapshot {snap.snapshot_id} needs its resume_token"
+        )
         try:
             check_resumable(snap)
         except StatusError:  # answered or expired: no new token can be issued either
-            raise exc from None
+            raise StatusError(exc.status, said) from None
         flags, hidden = repeated_flags(settings, ("--broker", "--store"))
         note = " (put the password back where *** stands)" if hidden else ""
         raise StatusError(
             exc.status,
-            f"{exc.message}; {NOTHING_SENT}. Use the resume_token of its latest "
+            f"{said}; {NOTHING_SENT}. Use the resume_token of its latest "
             "turn.interrupted event, or announce the pause again with a new one: "
             f"`interlock resend {snap.snapshot_id}{flags}`{note}",
         ) from None
