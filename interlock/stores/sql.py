@@ -192,7 +192,14 @@ _MSG: Table = metadata.tables["interlock_message"]
 # The statements of the hot path are built once, with bound parameters, so SQLAlchemy
 # neither rebuilds them nor recomputes their cache keys on every call: it only binds.
 _SNAPSHOT_EXISTS = select(_SNAP.c.seq).where(_SNAP.c.snapshot_id == bindparam("p_sid"))
-_PARENT_LEN = select(_SNAP.c.message_count).where(_SNAP.c.snapshot_id == bindparam("p_parent"))
+# FOR KEY SHARE on PostgreSQL (nothing on SQLite, whose writes run one at a time): a
+# replace of the parent (`_LOCK_ROW`, FOR UPDATE) waits for a child's save that counted
+# on its length, or the child's save for the replace, and then sees its new length.
+_PARENT_LEN = (
+    select(_SNAP.c.message_count)
+    .where(_SNAP.c.snapshot_id == bindparam("p_parent"))
+    .with_for_update(read=True, key_share=True)
+)
 _DELETE_MESSAGES = delete(_MSG).where(_MSG.c.snapshot_id == bindparam("p_sid"))
 _INSERT_MESSAGES = insert(_MSG)
 _OPEN_PAUSE = (  # the snapshot `p_sid`, interrupted and not past its deadline at `p_now`
@@ -231,12 +238,12 @@ _ROW_COLUMNS = tuple(c.name for c in _SNAP.c if c.name != "seq")
 # `claim` and `release`: a save of a copy read before a claim would undo it).
 _CHANGED_COLUMNS = tuple(c for c in _ROW_COLUMNS if c not in ("snapshot_id", "resumed_by"))
 _LOCK_ROW = (  # a replace's first statement: on PostgreSQL, the row's lock
-    update(_SNAP)
-    .where(_SNAP.c.snapshot_id == bindparam("p_sid"))
-    .values(updated_at=_SNAP.c.updated_at)
+    select(_SNAP.c.seq).where(_SNAP.c.snapshot_id == bindparam("p_sid")).with_for_update()
 )
-_INHERITING = select(_SNAP.c.snapshot_id, _SNAP.c.inherited).where(
-    _SNAP.c.parent_id == bindparam("p_sid"), _SNAP.c.inherited > 0
+_INHERITING = (  # locked: a child replaced meanwhile is read as it is then
+    select(_SNAP.c.snapshot_id, _SNAP.c.inherited)
+    .where(_SNAP.c.parent_id == bindparam("p_sid"), _SNAP.c.inherited > 0)
+    .with_for_update()
 )
 _OWN_ALL = update(_SNAP).where(_SNAP.c.snapshot_id == bindparam("p_sid")).values(inherited=0)
 _UPDATE_ROW = (
@@ -673,7 +680,7 @@ def _write_row(conn: Connection, values: dict[str, Any]) -> bool:
     if insert_new is not None and FastStatement.of(insert_new).execute(conn, values).rowcount == 1:
         return True
     sid = values["snapshot_id"]
-    if conn.execute(_LOCK_ROW, {"p_sid": sid}).rowcount != 1:
+    if conn.execute(_LOCK_ROW, {"p_sid": sid}).first() is None:
         conn.execute(_INSERT_ROW, values)
         return True
     _keep_children(conn, sid)

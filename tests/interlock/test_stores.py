@@ -551,6 +551,53 @@ def test_inherited_from_unknown_parent_keeps_everything(store: SessionStore) -> 
     assert got.inherited == 0, "nothing was left to a parent the store does not have"
 
 
+def test_a_replace_waits_for_a_child_saved_on_its_length(
+    sql_store: SqlSessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child's save counts on its parent's length (it leaves that many messages to
+    the parent's rows); a replace of the parent made shorter meanwhile, through another
+    store object (another process), waits until the child is saved, then gives it rows
+    of its own: the child's history stays whole. (On SQLite writes run one at a time;
+    on PostgreSQL the child's read locks the parent's row.)"""
+    import threading
+
+    other = SqlSessionStore(str(sql_store.engine.url.render_as_string(hide_password=False)))
+    parent = snap("P", messages=[msg("a"), msg("b"), msg("c")])
+    sql_store.save_snapshot(parent)
+    counted, go = threading.Event(), threading.Event()
+    base = SqlSessionStore._storage_base
+
+    def held(self: SqlSessionStore, conn: Any, snapshot: Snapshot) -> int:
+        kept = base(self, conn, snapshot)
+        if snapshot.snapshot_id == "C":
+            counted.set()
+            go.wait(30)
+        return kept
+
+    monkeypatch.setattr(SqlSessionStore, "_storage_base", held)
+    kid = child(parent, "C", [msg("d")])
+    saving = threading.Thread(target=sql_store.save_snapshot, args=(kid,))
+    saving.start()
+    try:
+        assert counted.wait(30)
+        replacing = threading.Thread(
+            target=other.save_snapshot, args=(snap("P", messages=[msg("[redacted]")]),)
+        )
+        replacing.start()
+        replacing.join(0.5)
+        assert replacing.is_alive(), "the replace waits for the child's save"
+    finally:
+        go.set()
+        saving.join(30)
+    replacing.join(30)
+    try:
+        got, replaced = sql_store.get_snapshot("C"), sql_store.get_snapshot("P")
+        assert got is not None and [m.text for m in got.messages] == ["a", "b", "c", "d"]
+        assert replaced is not None and [m.text for m in replaced.messages] == ["[redacted]"]
+    finally:
+        other.close()
+
+
 def test_sql_store_keeps_each_message_once(sql_store: SqlSessionStore) -> None:
     _chain_and_forks(sql_store)
     assert message_rows(sql_store) == 12 + 2 + 1 + 1
