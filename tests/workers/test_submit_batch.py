@@ -75,12 +75,15 @@ def texts(requests: list[dict[str, Any]]) -> list[str]:
 def spawn(
     *args: str, stdin: bytes | None = None, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
+    # Unbuffered: a test reads some lines, then `communicate` reads the rest from the
+    # pipe itself, and what a buffered `readline` had read ahead would be lost.
     return subprocess.Popen(
         [interlock_bin(), *args],
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env if env is not None else child_env(),
+        bufsize=0,
     )
 
 
