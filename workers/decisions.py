@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
@@ -164,8 +165,9 @@ def _read_json(raw: bytes) -> Any:
         return json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant, parse_float=_finite)
     except UnicodeDecodeError as exc:  # said as a reader in any language would say it
         byte = exc.object[exc.start : exc.start + 1].hex()
+        at = exc.start + (len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0)
         return ParseFailure(
-            f"decision is not JSON: it is not UTF-8 text (byte 0x{byte} at offset {exc.start})"
+            f"decision is not JSON: it is not UTF-8 text (byte 0x{byte} at offset {at})"
         )
     except ValueError as exc:
         return ParseFailure(f"decision is not JSON: {exc}")
@@ -388,15 +390,14 @@ def check_token(snapshot: Snapshot, token: str | None) -> None:
                 f"the decision has no resume_token for snapshot {sid}: send the one its "
                 "turn.interrupted event carries",
             )
-        try:  # a pause still open can be announced again; an answered one cannot
-            check_resumable(snapshot)
-            hint = (
-                ": send the one its latest turn.interrupted event carries, or announce the "
-                f"pause again with a new one (`interlock resend {sid}`)"
-            )
-        except StatusError:
-            hint = ""
-        raise StatusError(Status.PERMISSION_DENIED, f"{WRONG_TOKEN.format(snapshot_id=sid)}{hint}")
+        # The same words whatever state the pause is in: a wrong token learns nothing of
+        # it (open, answered or expired).
+        raise StatusError(
+            Status.PERMISSION_DENIED,
+            f"{WRONG_TOKEN.format(snapshot_id=sid)}: send the one its latest "
+            "turn.interrupted event carries (`interlock resend` announces an open pause "
+            "again with a new one)",
+        )
 
 
 def resume_request(decision: Decision, snapshot: Snapshot) -> TurnRequest:

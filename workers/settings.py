@@ -53,7 +53,7 @@ blocking wait the server ends within a second (kombu's `brpop_timeout`), which m
 well within it."""
 NO_ANSWER_HINT = (
     "are `interlock worker` and `interlock resume-consumer` running on this broker and store? "
-    "What was sent stays queued, and goes on once they are"
+    "What was sent stays queued until they are"
 )
 """What a client waiting in vain for a decision's outcome and its turn asks (`decide
 --wait`, `demo --broker`)."""

@@ -244,6 +244,24 @@ def test_a_decision_no_json_reader_takes_still_names_its_id(raw: bytes, reason: 
     assert failure.decision_id == ("spaced" if raw.startswith(b'{"n"') else "deep-2")
 
 
+def test_a_byte_that_is_no_utf_8_is_said_at_its_offset_in_the_body() -> None:
+    """The offset counts from the body's first byte, a byte order mark included."""
+    from workers.decisions import ParseFailure, parse_decision
+
+    for body in (
+        b'{"decision_id": "d", "a": "\xff"}',
+        b'\xef\xbb\xbf{"decision_id": "d", "a": "\xff"}',
+    ):
+        failure = parse_decision(body, "application/json")
+        assert isinstance(failure, ParseFailure)
+        at = body.index(b"\xff")
+        assert (
+            failure.reason
+            == f"decision is not JSON: it is not UTF-8 text (byte 0xff at offset {at})"
+        )
+        assert failure.decision_id == "d"
+
+
 @pytest.mark.parametrize(
     ("body", "kind"),
     [

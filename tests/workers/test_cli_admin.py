@@ -563,7 +563,7 @@ def test_demo_with_no_worker_on_its_broker_says_what_to_start(
     assert result.stderr.splitlines()[-1] == (
         "error: DEADLINE_EXCEEDED: no event of the turn within 2s: are `interlock worker` "
         "and `interlock resume-consumer` running on this broker and store? What was sent "
-        "stays queued, and goes on once they are"
+        "stays queued until they are"
     ), result.describe()
 
 
