@@ -399,7 +399,7 @@ class ResumeConsumer(ConsumerMixin):
         return event
 
     def _enqueue_again(self, prior: DecisionRecord) -> None:
-        decision = parse_decision(prior.body, "application/json")
+        decision = parse_decision(prior.body, "application/json", logged=True)
         if not isinstance(decision, Decision):
             log.warning("accepted decision %s has an unreadable body", prior.decision_id)
             return

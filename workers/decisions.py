@@ -72,11 +72,16 @@ class ParseFailure:
     that names them as a decision would: its rejection carries them too."""
 
 
-def parse_decision(body: bytes | str, content_type: str | None) -> Decision | ParseFailure:
+def parse_decision(
+    body: bytes | str, content_type: str | None, *, logged: bool = False
+) -> Decision | ParseFailure:
     """Rule 1: a JSON object, at most 1 MiB, a known schema_version, valid. A failure
-    carries the decision_id where one can be read, so its sender can match the outcome."""
+    carries the decision_id where one can be read, so its sender can match the outcome.
+    `logged`: `body` is the decision log's copy of one read before (its token taken out,
+    its text escaped: it may have grown past the limit the message was within), read
+    again whatever its size."""
     raw = body.encode() if isinstance(body, str) else bytes(body or b"")
-    if len(raw) > MAX_DECISION_BYTES:
+    if len(raw) > MAX_DECISION_BYTES and not logged:
         reason = f"decision is {len(raw)} bytes; the limit is {MAX_DECISION_BYTES}"
         return lenient_failure(reason, raw) if len(raw) <= _ID_READ_LIMIT else ParseFailure(reason)
     data = _read_json(raw)

@@ -112,7 +112,7 @@ def _is_its_resume(
     `record` keeps, on the pause `snapshot` (the one `request` names): the same turn id,
     agent, snapshot and answers, built again as the consumer built them (a restart entry
     without input takes the interrupted call's, read from the snapshot)."""
-    decision = parse_decision(record.body, "application/json")
+    decision = parse_decision(record.body, "application/json", logged=True)
     if not isinstance(decision, Decision) or given.resume is None:
         return False
     accepted = event_adapter.validate_json(record.event_body)

@@ -234,6 +234,39 @@ def test_rejected_decision_claims_nothing(rig: Rig) -> None:
     assert refused["error"]["status"] == "PERMISSION_DENIED"
 
 
+def test_a_decision_near_the_limit_is_still_its_resume_once_logged(rig: Rig) -> None:
+    """A decision just within 1 MiB, its text not all ASCII: the log keeps it without
+    its token and escaped, which can take it past the limit. The worker's check that a
+    resume task is its decision's own reads that copy; it used to refuse it as
+    unreadable (PERMISSION_DENIED), leaving the pause claimed for good. So did the
+    consumer, enqueueing the resume again for a decision delivered twice."""
+    from schemas import MAX_DECISION_BYTES, TurnRequest
+    from workers.resume_check import check_task
+
+    body = rig.paused(6)
+    body["reviewer"] = "Zoë Ångström " * 20
+    body["note"] = ""
+    size = len(json.dumps(body, ensure_ascii=False).encode())
+    body["note"] = "n" * (MAX_DECISION_BYTES - 40 - size)
+    sent = json.dumps(body, ensure_ascii=False).encode()
+    assert len(sent) <= MAX_DECISION_BYTES
+    consumer = rig.consumer()
+    assert consumer.handle(sent, "application/json", {}).type == "decision.accepted"
+    with rig.rt.store.engine.connect() as conn:
+        logged = conn.execute(
+            text("SELECT body FROM interlock_decision WHERE decision_id = :d"),
+            {"d": body["decision_id"]},
+        ).scalar_one()
+    assert len(logged.encode()) > MAX_DECISION_BYTES, "the test's premise: it grew"
+    [request] = rig.enqueued()
+    checked = check_task(rig.rt, TurnRequest.model_validate(request))
+    assert checked.refused is None, checked.refused
+    assert checked.paused is not None and checked.paused.snapshot_id == body["snapshot_id"]
+    again = consumer.handle(sent, "application/json", {})  # delivered twice
+    assert again.type == "decision.accepted"
+    assert rig.enqueued() == [request], "its resume enqueued again, the same task"
+
+
 def test_the_decision_log_keeps_no_resume_token(rig: Rig) -> None:
     """The token is a secret stored only as a hash: the log keeps each decision without
     it, accepted or refused, so reading the store does not give a pause's token. What the
