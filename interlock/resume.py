@@ -70,7 +70,8 @@ def check_resumable(
         status = getattr(snapshot.status, "value", snapshot.status)  # a store's own type
         raise ResumeValidationError(
             Status.FAILED_PRECONDITION,
-            f"snapshot {sid} is {status} and cannot be resumed; it is kept for inspection",
+            f"snapshot {sid} is {status} and cannot be resumed; it is kept for inspection "
+            f"(session {snapshot.session_id} goes on from its latest completed snapshot)",
         )
     if interrupted and snapshot.finish_reason != FinishReason.INTERRUPTED:
         raise ResumeValidationError(
@@ -86,7 +87,9 @@ def check_resumable(
         )
     if snapshot.resumed_by is not None and snapshot.resumed_by != claimed_by:
         raise ResumeValidationError(
-            Status.FAILED_PRECONDITION, f"snapshot {sid} was already resumed"
+            Status.FAILED_PRECONDITION,
+            f"snapshot {sid} was already resumed (session {snapshot.session_id} goes on from "
+            "its latest snapshot)",
         )
 
 

@@ -658,7 +658,8 @@ def test_only_completed_snapshots_resume(status: SnapshotStatus, as_text: bool) 
     rig.store.save_snapshot(snap.model_copy(update={"snapshot_id": "by-hand", "status": given}))
     rejects(
         Status.FAILED_PRECONDITION,
-        f"snapshot by-hand is {status.value} and cannot be resumed",
+        f"snapshot by-hand is {status.value} and cannot be resumed; it is kept for inspection "
+        f"(session {out.session_id} goes on from its latest completed snapshot)",
         rig.agent.run,
         ToolResume(respond=[rig.gate.respond(out.interrupts[0], {"value": 1})]),
         snapshot_id="by-hand",
@@ -695,7 +696,8 @@ def test_second_resume_of_the_same_snapshot_is_refused() -> None:
     count = rig.snapshot_count()
     rejects(
         Status.FAILED_PRECONDITION,
-        f"snapshot {out.snapshot_id} was already resumed",
+        f"snapshot {out.snapshot_id} was already resumed (session {out.session_id} goes on "
+        "from its latest snapshot)",
         rig.agent.run,
         ToolResume(respond=[reply]),
         snapshot_id=out.snapshot_id,

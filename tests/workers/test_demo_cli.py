@@ -618,7 +618,8 @@ def test_decide_refuses_a_pause_already_answered_before_sending(
     _clear_failure(
         again,
         "FAILED_PRECONDITION",
-        f"snapshot {paused.snapshot_id} was already resumed; nothing was sent",
+        f"snapshot {paused.snapshot_id} was already resumed (session {paused.session_id} goes "
+        "on from its latest snapshot); nothing was sent",
     )
     assert again.stdout == ""
     ended = run_cli("decide", str(done.snapshot_id), *flags, "t", "--approve")
