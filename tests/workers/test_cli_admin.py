@@ -616,7 +616,10 @@ def test_an_empty_store_flag_is_refused_by_every_command_that_reads_it(tmp_path:
         assert result.stderr.strip().startswith(said), result.describe()
     unset = run_cli("pending", env=child_env(INTERLOCK_STORE_URL=""), cwd=tmp_path)
     assert unset.returncode == 0, unset.describe()
-    assert unset.stderr.strip() == "no open interrupts: no store at interlock.db yet"
+    assert unset.stderr.strip() == (
+        "no open interrupts: no store at interlock.db yet (a typo? check --store or "
+        "INTERLOCK_STORE_URL)"
+    )
     assert list(tmp_path.iterdir()) == []
 
 

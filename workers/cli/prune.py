@@ -95,7 +95,11 @@ def prune(older_than: float, dry_run: bool, batch: int, store: str | None) -> No
     url = store_url_of(store)
     missing = missing_sqlite_file(url)
     if missing is not None:  # nothing has run on it (and none is made)
-        click.echo(f"nothing to prune: no store at {missing} yet", err=True)
+        click.echo(
+            f"nothing to prune: no store at {missing} yet (a typo? check --store or "
+            "INTERLOCK_STORE_URL)",
+            err=True,
+        )
         _report(url, cutoff_of(older_than), dry_run, Pruned())
         return
     sql = read_store(url, server_timeout())

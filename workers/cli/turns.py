@@ -353,7 +353,11 @@ def pending(store: str | None, session_id: str | None, limit: int) -> None:
     within = server_timeout()
     missing = missing_sqlite_file(url)
     if missing is not None:  # nothing has run on it: nothing waits (and none is made)
-        click.echo(f"no open interrupts: no store at {missing} yet", err=True)
+        click.echo(
+            f"no open interrupts: no store at {missing} yet (a typo? check --store or "
+            "INTERLOCK_STORE_URL)",
+            err=True,
+        )
         return
     sql = read_store(url, within)
     try:
