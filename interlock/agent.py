@@ -23,6 +23,7 @@ from schemas import (
     ToolResume,
     TurnEnd,
     utcnow,
+    wire_time,
 )
 
 from ._ids import new_id
@@ -439,6 +440,8 @@ class Agent:
         newest = self._newest(session_id, None, heads=heads)
         if newest is None:
             return None
+        if newest.agent != self.name:  # another agent's session: the caller refuses it,
+            return newest  # even where that agent left no snapshot to go on from
         if newest.status == SnapshotStatus.EXPIRED or (
             newest.status == SnapshotStatus.PENDING and resume
         ):
@@ -566,7 +569,13 @@ class Agent:
     def _check_claimed(self, base: _Base, by: str | None) -> None:
         """A resume that must run under a claim made before it (`claim_required`)."""
         snap = base.snapshot
-        if self.store is None or snap is None or (by is not None and snap.resumed_by == by):
+        if self.store is None:  # no store, no claim: nothing could have claimed the pause
+            raise ResumeValidationError(
+                Status.PERMISSION_DENIED,
+                f"agent {self.name!r} has no session store, so no pause of it can be "
+                "claimed: a resume that must run under a claim (claim_required) cannot run",
+            )
+        if snap is None or (by is not None and snap.resumed_by == by):
             return
         raise ResumeValidationError(
             Status.PERMISSION_DENIED,
@@ -585,7 +594,8 @@ class Agent:
         if not self.store.claim(base.snapshot.snapshot_id, by):
             raise ResumeValidationError(
                 Status.FAILED_PRECONDITION,
-                f"snapshot {base.snapshot.snapshot_id} was already resumed",
+                f"snapshot {base.snapshot.snapshot_id} was already resumed (session "
+                f"{base.snapshot.session_id} goes on from its latest snapshot)",
             )
         return by
 
@@ -637,6 +647,21 @@ class Agent:
             snap = self._pause_beside(snap) or snap
         if snap is None or not snap.is_interrupted:
             return
+        deadline = passed_deadline(snap) if snap.resumed_by is None else None
+        if deadline is not None:  # a pause past its deadline ended its turn: none to answer
+            if snap is not base.snapshot:
+                return  # beside the snapshot this message branches from: no pause stands
+            raise ResumeValidationError(
+                Status.FAILED_PRECONDITION,
+                f"snapshot {snap.snapshot_id} expired at {wire_time(deadline)} and cannot be "
+                "continued; it is kept for inspection"
+                + (
+                    ""
+                    if base.from_state
+                    else f" (session {snap.session_id} goes on from the snapshot its turn "
+                    "started from: pass session_id=)"
+                ),
+            )
         if snap.resumed_by is not None and not base.from_state:
             if self.store is not None and self._went_on(snap):
                 raise ResumeValidationError(  # addressed by snapshot_id=, after its resume went on

@@ -346,6 +346,49 @@ def test_a_new_message_after_an_expired_pause_goes_on_from_before_its_turn(
     assert kept is not None and kept.is_interrupted is not swept
 
 
+@pytest.mark.parametrize("swept", [True, False], ids=["marked", "deadline-passed"])
+def test_a_message_to_the_expired_pause_itself_is_refused_as_expired(
+    any_store: SessionStore, swept: bool
+) -> None:
+    """Addressed by `snapshot_id=`, a new message to a pause past its deadline is refused
+    as expired, before the sweep as after it, not as "paused: answer the pending
+    interrupts first", which no answer could follow (each is refused as expired). A
+    message branching from an earlier snapshot is not held by the lapsed pause."""
+    agent, ask = make_agent(any_store)
+    session = _answered_turn(agent, ask, 1)
+    good = any_store.get_latest_snapshot(session)
+    assert good is not None
+    paused = agent.run_text(json.dumps({"n": 2, "wait": 0.2}), session_id=session)
+    time.sleep(0.3)
+    if swept:
+        _expire(any_store, str(paused.snapshot_id))
+    before = any_store.list_snapshots(session_id=session)
+    with pytest.raises(ResumeValidationError) as info:
+        agent.run_text(json.dumps({"n": 3}), snapshot_id=paused.snapshot_id)
+    assert info.value.status is Status.FAILED_PRECONDITION
+    said = info.value.message
+    assert said.startswith(f"snapshot {paused.snapshot_id} "), said
+    assert ("is expired and cannot be continued" if swept else "expired at ") in said, said
+    assert "answer the pending interrupts" not in said, said
+    assert any_store.list_snapshots(session_id=session) == before, "nothing written"
+    branch = agent.run_text(json.dumps({"n": 4}), snapshot_id=good.snapshot_id)
+    assert branch.finish_reason is FinishReason.INTERRUPTED
+    snap = any_store.get_snapshot(str(branch.snapshot_id))
+    assert snap is not None and snap.parent_id == good.snapshot_id
+
+
+def test_a_message_to_an_expired_pause_by_state_is_refused_as_expired() -> None:
+    """Without a store the state is the only way on: a pause past its deadline cannot
+    be continued from it (its answers are refused as expired too)."""
+    agent, _ = make_agent(None)  # type: ignore[arg-type]
+    paused = agent.run_text(json.dumps({"n": 1, "wait": 0.2}))
+    time.sleep(0.3)
+    with pytest.raises(ResumeValidationError) as info:
+        agent.run_text(json.dumps({"n": 2}), state=paused.state)
+    assert info.value.status is Status.FAILED_PRECONDITION
+    assert "expired at " in info.value.message and "cannot be continued" in info.value.message
+
+
 def test_a_new_message_in_time_is_still_refused_while_paused(any_store: SessionStore) -> None:
     """Before its deadline a pause holds the session (rule 8), with or without one."""
     agent, _ = make_agent(any_store)

@@ -505,7 +505,8 @@ def test_hand_rolled_restart_part_is_rejected() -> None:
         ToolResume(respond=[again]),
         session_id=out.session_id,
     )
-    latest = bankingAgent.store.get_latest_snapshot(out.session_id) if bankingAgent.store else None
+    store = bankingAgent.store
+    latest = store.get_latest_snapshot(str(out.session_id)) if store is not None else None
     assert latest is not None and latest.snapshot_id == out.snapshot_id, "nothing written"
 
 
@@ -908,7 +909,12 @@ def test_claimed_by_goes_with_a_resume_only() -> None:
     rig = Rig({"n": 1})
     out = rig.paused()
     before = rig.store.list_snapshots()
-    for where in ({"session_id": out.session_id}, {"snapshot_id": out.snapshot_id}, {}):
+    places: list[dict[str, Any]] = [
+        {"session_id": out.session_id},
+        {"snapshot_id": out.snapshot_id},
+        {},
+    ]
+    for where in places:
         rejects(
             Status.INVALID_ARGUMENT,
             "claimed_by goes with a resume, which runs under the claim on its pause; a new "
@@ -967,6 +973,53 @@ def test_session_of_another_agent() -> None:
         session_id=out.session_id,
     )
     assert rig.store.list_snapshots(session_id=out.session_id, limit=100) == before
+
+
+def test_a_session_another_agent_left_no_good_snapshot_in_is_still_its() -> None:
+    """A session whose only snapshot is its agent's failed first turn has nothing to go
+    on from; another agent sharing the store is refused it all the same, and the session
+    stays its agent's."""
+    rig = Rig({"n": 1})
+    rig.fail_next_restart = True
+    out = rig.paused()
+    with pytest.raises(ToolFailedError):
+        rig.agent.run(
+            ToolResume(restart=[rig.gate.resume(out.interrupts[0], {"ok": True})]),
+            session_id=out.session_id,
+        )
+    rig.store.save_snapshot(  # as if the first turn itself had failed: no good snapshot
+        rig.store.get_snapshot(out.snapshot_id or "").model_copy(  # type: ignore[union-attr]
+            update={"status": SnapshotStatus.FAILED, "finish_reason": FinishReason.FAILED}
+        )
+    )
+    stranger = rig.ai.define_agent("stranger", model="scripted/rig", store=rig.store)
+    before = rig.store.list_snapshots(session_id=out.session_id)
+    rejects(
+        Status.INVALID_ARGUMENT,
+        f"session {out.session_id} belongs to agent 'rig', not 'stranger'",
+        stranger.run_text,
+        "hello",
+        session_id=out.session_id,
+    )
+    assert rig.store.list_snapshots(session_id=out.session_id) == before
+    again = rig.agent.run_text("go", session_id=out.session_id)  # its own agent goes on
+    assert again.finish_reason is FinishReason.INTERRUPTED
+
+
+def test_claim_required_without_a_store_refuses_the_resume() -> None:
+    """No store, no claim: a resume that must run under one cannot run."""
+    rig = Rig({"n": 1}, store=None)
+    out = rig.paused()
+    rejects(
+        Status.PERMISSION_DENIED,
+        "agent 'rig' has no session store, so no pause of it can be claimed",
+        rig.agent.run,
+        ToolResume(respond=[rig.gate.respond(out.interrupts[0], {"value": 1})]),
+        state=out.state,
+        claim_required=True,
+        error=ResumeValidationError,
+    )
+    assert rig.runs == [None], "the tool did not run again"
 
 
 # -- rule 7: addressing is checked first --------------------------------------------------------
