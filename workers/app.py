@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any, NoReturn
 
 from amqp.exceptions import MessageNacked
@@ -123,17 +124,40 @@ task on `interlock.turns.dead`, with the reason, rather than retrying for ever (
 whose outcome cannot be journaled would run at every try)."""
 
 
+REPUBLISH_PAUSES = (2.0, 4.0, 8.0, 15.0, 30.0, 30.0, 30.0, 30.0, 30.0, 30.0)
+"""Seconds between tries to publish a turn's retry while the broker is away (about four
+minutes in all): the pool process holds the turn meanwhile."""
+
+
 def _again(task: Any, exc: BaseException, countdown: float) -> NoReturn:
     """Celery's retry (it raises `Retry`), except that a retry that cannot be published
-    (the broker is away) leaves the message on its queue (requeued) instead of dropping
-    it."""
-    try:
-        task.retry(exc=exc, countdown=countdown, max_retries=None)
-    except Reject as reject:
-        if getattr(reject, "requeue", False):
-            raise
-        raise Reject(reject.reason, requeue=True) from exc
-    raise AssertionError("Celery's retry returned instead of raising")
+    (the broker is away) is tried again, for a few minutes (`REPUBLISH_PAUSES`), and
+    then leaves the message to be delivered again instead of dropping it (requeued).
+
+    The tries matter: a requeue is the worker's main process's to make, on the channel
+    the message came by, which the broker's loss closed; on Redis it then stays among
+    the unacked until the visibility timeout (an hour by default). A retry published
+    once the broker is back runs the turn at once; the original message, which that
+    channel cannot ack either, comes back after the visibility timeout and is a
+    duplicate of a turn that ran (nothing runs). A burst worker does not wait."""
+    pauses = () if burst_idle() is not None else REPUBLISH_PAUSES
+    for pause in (*pauses, None):
+        try:
+            task.retry(exc=exc, countdown=countdown, max_retries=None)
+        except Reject as reject:
+            if getattr(reject, "requeue", False):
+                raise
+            if pause is None:
+                raise Reject(reject.reason, requeue=True) from exc
+            why = reject.reason if isinstance(reject.reason, BaseException) else exc
+            log.warning(
+                "task %s: its retry could not be published (%s); trying again in %.0f s",
+                task.request.id, one_line(why), pause,
+            )  # fmt: skip
+            time.sleep(pause)
+            continue
+        raise AssertionError("Celery's retry returned instead of raising")
+    raise AssertionError("unreachable: the last try raises")
 
 
 def _give_up(
