@@ -124,9 +124,10 @@ task on `interlock.turns.dead`, with the reason, rather than retrying for ever (
 whose outcome cannot be journaled would run at every try)."""
 
 
-REPUBLISH_PAUSES = (2.0, 4.0, 8.0, 15.0, 30.0, 30.0, 30.0, 30.0, 30.0, 30.0)
+REPUBLISH_PAUSES = (1.0, 2.0, 4.0, 8.0, *(10.0,) * 22)
 """Seconds between tries to publish a turn's retry while the broker is away (about four
-minutes in all): the pool process holds the turn meanwhile."""
+minutes in all): the pool process holds the turn meanwhile, so the waits stay short
+(at most 10 s idle once the broker is back)."""
 
 
 def _again(task: Any, exc: BaseException, countdown: float) -> NoReturn:
