@@ -659,7 +659,8 @@ class Agent:
                     ""
                     if base.from_state
                     else f" (session {snap.session_id} goes on from the snapshot its turn "
-                    "started from: pass session_id=)"
+                    "started from: address it by session_id=, or open a new connection with "
+                    "agent.connect(session_id=...))"
                 ),
             )
         if snap.resumed_by is not None and not base.from_state:

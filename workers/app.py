@@ -124,16 +124,17 @@ task on `interlock.turns.dead`, with the reason, rather than retrying for ever (
 whose outcome cannot be journaled would run at every try)."""
 
 
-REPUBLISH_PAUSES = (1.0, 2.0, 4.0, 8.0, *(10.0,) * 22)
-"""Seconds between tries to publish a turn's retry while the broker is away (about four
-minutes in all): the pool process holds the turn meanwhile, so the waits stay short
-(at most 10 s idle once the broker is back)."""
+REPUBLISH_PAUSES = (1.0, 2.0, 4.0, 8.0, 10.0)
+"""Seconds between tries to publish a turn's retry while the broker is away (25 s in
+all, the tries' own time aside): the pool process holds the turn meanwhile, and a
+worker told to stop waits for it, so the whole stays within a container's usual grace
+(30 s), as the journal's wait for its store does."""
 
 
 def _again(task: Any, exc: BaseException, countdown: float) -> NoReturn:
     """Celery's retry (it raises `Retry`), except that a retry that cannot be published
-    (the broker is away) is tried again, for a few minutes (`REPUBLISH_PAUSES`), and
-    then leaves the message to be delivered again instead of dropping it (requeued).
+    (the broker is away) is tried again, for about half a minute (`REPUBLISH_PAUSES`),
+    and then leaves the message to be delivered again instead of dropping it (requeued).
 
     The tries matter: a requeue is the worker's main process's to make, on the channel
     the message came by, which the broker's loss closed; on Redis it then stays among
