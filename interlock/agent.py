@@ -36,7 +36,14 @@ from .errors import (
 )
 from .journal import TurnJournal, session_for_turn
 from .middleware import Middleware
-from .resume import Answer, check_resumable, passed_deadline, pending_interrupts, plan_resume
+from .resume import (
+    Answer,
+    already_resumed,
+    check_resumable,
+    passed_deadline,
+    pending_interrupts,
+    plan_resume,
+)
 from .stores.base import LatestSnapshotId, SessionStore, SnapshotHeads
 from .tools import Tool
 from .turn import Turn, TurnResult
@@ -592,11 +599,7 @@ class Agent:
         if not mine and base.snapshot.resumed_by == by:
             return by  # claimed by the caller before this run read it: nothing to do
         if not self.store.claim(base.snapshot.snapshot_id, by):
-            raise ResumeValidationError(
-                Status.FAILED_PRECONDITION,
-                f"snapshot {base.snapshot.snapshot_id} was already resumed (session "
-                f"{base.snapshot.session_id} goes on from its latest snapshot)",
-            )
+            raise already_resumed(base.snapshot)
         return by
 
     def _is_newest(self, snap: Snapshot) -> bool:
@@ -654,13 +657,13 @@ class Agent:
             raise ResumeValidationError(
                 Status.FAILED_PRECONDITION,
                 f"snapshot {snap.snapshot_id} expired at {wire_time(deadline)} and cannot be "
-                "continued; it is kept for inspection"
+                "continued"
                 + (
                     ""
                     if base.from_state
-                    else f" (session {snap.session_id} goes on from the snapshot its turn "
-                    "started from: address it by session_id=, or open a new connection with "
-                    "agent.connect(session_id=...))"
+                    else f"; it is kept for inspection (session {snap.session_id} goes on "
+                    "from the snapshot its turn started from: address it by session_id=, or "
+                    "open a new connection with agent.connect(session_id=...))"
                 ),
             )
         if snap.resumed_by is not None and not base.from_state:

@@ -24,7 +24,14 @@ from .errors import ResumeValidationError, StatusError
 from .middleware import Middleware
 from .tools import Tool
 
-__all__ = ["Answer", "check_resumable", "passed_deadline", "pending_interrupts", "plan_resume"]
+__all__ = [
+    "Answer",
+    "already_resumed",
+    "check_resumable",
+    "passed_deadline",
+    "pending_interrupts",
+    "plan_resume",
+]
 
 
 @dataclass(frozen=True)
@@ -86,11 +93,16 @@ def check_resumable(
             f"snapshot {sid} expired at {wire_time(deadline)} and cannot be resumed",
         )
     if snapshot.resumed_by is not None and snapshot.resumed_by != claimed_by:
-        raise ResumeValidationError(
-            Status.FAILED_PRECONDITION,
-            f"snapshot {sid} was already resumed (session {snapshot.session_id} goes on from "
-            "its latest snapshot)",
-        )
+        raise already_resumed(snapshot)
+
+
+def already_resumed(snapshot: Snapshot) -> ResumeValidationError:
+    """Rule 6's refusal of a pause that another answer claimed."""
+    return ResumeValidationError(
+        Status.FAILED_PRECONDITION,
+        f"snapshot {snapshot.snapshot_id} was already resumed (session {snapshot.session_id} "
+        "goes on from its latest snapshot)",
+    )
 
 
 def _invalid(message: str) -> ResumeValidationError:
